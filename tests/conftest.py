@@ -1,0 +1,57 @@
+"""Shared helpers for the tests: load a training script as a module, run it, read its speed record."""
+
+import functools
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "leanrl"
+RECORD_KEYS = {
+    "script", "env_id", "seed", "compile", "cudagraphs", "device", "gpu", "cpu_count", "torch",
+    "total_timesteps", "fps", "fps_overall", "warmup_seconds", "wall_seconds", "episodic_return", "return_curve",
+}  # fmt: skip
+# The four modes of a compiled script.
+MODES = [[], ["--compile"], ["--cudagraphs"], ["--compile", "--cudagraphs"]]
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@functools.cache
+def load_script(name):
+    """Import leanrl/<name>.py as a module, without running its main()."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_main(name, argv, capsys):
+    """Run a script's main() in this process; check the speed-record contract and return the record."""
+    record = load_script(name).main(argv)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert json.loads(lines[-1]) == record, "the last stdout line must be the speed record"
+    assert set(record) == RECORD_KEYS
+    assert record["script"] == name and record["total_timesteps"] > 0
+    return record
+
+
+def run_cli(name, *argv):
+    """Run a script as a user does, in a subprocess."""
+    return subprocess.run(
+        [sys.executable, str(SCRIPTS / f"{name}.py"), *argv], capture_output=True, text=True, timeout=600
+    )
+
+
+def assert_one_line_error(proc, *fragments):
+    """Bad input: a non-zero exit and one 'error:' line naming the problem, no traceback."""
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr
+    for fragment in fragments:
+        assert fragment in errors[0]
