@@ -151,7 +151,7 @@ class Actor(nn.Module):
     def get_action(self, x):
         mean, log_std = self(x)
         std = log_std.exp()
-        normal = torch.distributions.Normal(mean, std)
+        normal = torch.distributions.Normal(mean, std, validate_args=False)  # validation syncs with the host
         x_t = normal.rsample()  # reparameterization trick: mean + std * N(0,1)
         y_t = torch.tanh(x_t)
         action = y_t * self.action_scale + self.action_bias
@@ -238,28 +238,30 @@ def make_update_fns(agent, args):
         agent.q_optimizer.zero_grad()
         qf_loss.backward()
         agent.q_optimizer.step()
-        return qf_loss.detach(), qf1_a_values.detach().mean(), qf2_a_values.detach().mean()
+        return torch.stack([qf_loss, qf1_a_values.mean(), qf2_a_values.mean()]).detach()
 
     def update_actor(obs):
-        pi, log_pi, _ = agent.actor.get_action(obs)
-        min_qf_pi = agent.qvalues(agent.q_params_data, obs, pi).min(0).values
-        actor_loss = ((agent.alpha * log_pi) - min_qf_pi).mean()
+        # policy_frequency updates on the same batch, compensating for the delay
+        for _ in range(args.policy_frequency):
+            pi, log_pi, _ = agent.actor.get_action(obs)
+            min_qf_pi = agent.qvalues(agent.q_params_data, obs, pi).min(0).values
+            actor_loss = ((agent.alpha * log_pi) - min_qf_pi).mean()
 
-        agent.actor_optimizer.zero_grad()
-        actor_loss.backward()
-        agent.actor_optimizer.step()
+            agent.actor_optimizer.zero_grad()
+            actor_loss.backward()
+            agent.actor_optimizer.step()
 
-        alpha_loss = torch.zeros((), device=obs.device)
-        if args.autotune:
-            with torch.no_grad():
-                _, log_pi, _ = agent.actor.get_action(obs)
-            alpha_loss = (-agent.log_alpha.exp() * (log_pi + agent.target_entropy)).mean()
+            alpha_loss = torch.zeros((), device=obs.device)
+            if args.autotune:
+                with torch.no_grad():
+                    _, log_pi, _ = agent.actor.get_action(obs)
+                alpha_loss = (-agent.log_alpha.exp() * (log_pi + agent.target_entropy)).mean()
 
-            agent.a_optimizer.zero_grad()
-            alpha_loss.backward()
-            agent.a_optimizer.step()
-            agent.alpha.copy_(agent.log_alpha.detach().exp())
-        return actor_loss.detach(), alpha_loss.detach()
+                agent.a_optimizer.zero_grad()
+                alpha_loss.backward()
+                agent.a_optimizer.step()
+                agent.alpha.copy_(agent.log_alpha.detach().exp())
+        return torch.stack([actor_loss, alpha_loss]).detach()
 
     def update_targets():
         # one fused lerp over every target parameter
@@ -269,13 +271,12 @@ def make_update_fns(agent, args):
         actions, _, _ = agent.actor_detach.get_action(obs)
         return actions
 
+    fns = (update_critic, update_actor, update_targets, policy)
     if args.compile:
-        update_critic, update_actor, policy = map(torch.compile, (update_critic, update_actor, policy))
+        fns = tuple(map(torch.compile, fns))
     if args.cudagraphs:
-        update_critic, update_actor, policy = (
-            CudaGraphModule(f, warmup=3 if args.compile else 2) for f in (update_critic, update_actor, policy)
-        )
-    return update_critic, update_actor, update_targets, policy
+        fns = tuple(CudaGraphModule(f, warmup=3 if args.compile else 2) for f in fns)
+    return fns
 
 
 def main(argv=None):
@@ -352,11 +353,9 @@ def main(argv=None):
             with phase("data"):
                 obs_b, actions_b, rewards_b, next_obs_b, dones_b = rb.sample(args.batch_size)
             with phase("update"):
-                qf_loss, qf1_a, qf2_a = update_critic(obs_b, actions_b, rewards_b, next_obs_b, dones_b)
+                q_info = update_critic(obs_b, actions_b, rewards_b, next_obs_b, dones_b)
                 if global_step % args.policy_frequency == 0:  # TD3-style delayed update
-                    # compensate for the delay by doing policy_frequency updates instead of one
-                    for _ in range(args.policy_frequency):
-                        actor_loss, alpha_loss = update_actor(obs_b)
+                    actor_info = update_actor(obs_b)
                 if global_step % args.target_network_frequency == 0:
                     update_targets()
 
@@ -368,14 +367,16 @@ def main(argv=None):
                     curve.append([global_step, round(time.perf_counter() - t_start, 3), round(mean_return, 2)])
                 pbar.set_description(f"fps: {fps or 0:.0f}, return: {mean_return or float('nan'):.1f}")
                 if args.track and global_step > args.learning_starts + args.policy_frequency:
+                    qf_loss, qf1_a, qf2_a = q_info.tolist()
+                    actor_loss, alpha_loss = actor_info.tolist()
                     wandb.log(
                         {
-                            "losses/qf_loss": qf_loss.item(),
-                            "losses/qf1_values": qf1_a.item(),
-                            "losses/qf2_values": qf2_a.item(),
-                            "losses/actor_loss": actor_loss.item(),
+                            "losses/qf_loss": qf_loss,
+                            "losses/qf1_values": qf1_a,
+                            "losses/qf2_values": qf2_a,
+                            "losses/actor_loss": actor_loss,
                             "losses/alpha": float(agent.alpha),
-                            "losses/alpha_loss": alpha_loss.item(),
+                            "losses/alpha_loss": alpha_loss,
                             "charts/SPS": fps or 0.0,
                         },
                         step=global_step,
