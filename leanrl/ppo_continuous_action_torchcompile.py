@@ -1,0 +1,492 @@
+# PPO for continuous actions, as CleanRL defines it, made fast: rollout storage preallocated on the device, GAE as
+# a parallel scan, a tensor learning rate annealed in place, torch.compile and CUDA graphs.
+# Docs: docs/ppo_continuous.md
+import json
+import os
+import random
+import sys
+import time
+from collections import deque
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.optim as optim
+import tqdm
+import tyro
+from tensordict import from_module
+from tensordict.nn import CudaGraphModule
+from torch.distributions.normal import Normal
+from torch.profiler import ProfilerActivity, profile, record_function
+
+
+@dataclass
+class Args:
+    env_id: str = "HalfCheetah-v4"
+    """the id of the gymnasium environment"""
+    seed: int = 1
+    """seed of the experiment"""
+    total_timesteps: int = 1000000
+    """total timesteps of the experiment, rounded down to whole iterations of --num-envs * --num-steps"""
+    learning_rate: float = 3e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 1
+    """the number of parallel environments"""
+    num_steps: int = 2048
+    """the number of steps to run in each environment per policy rollout"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to zero over the run"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 32
+    """the number of minibatches a rollout is split into"""
+    update_epochs: int = 10
+    """the number of epochs over each rollout"""
+    norm_adv: bool = True
+    """normalize the advantages of each minibatch"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """use a clipped loss for the value function, as in the PPO paper"""
+    ent_coef: float = 0.0
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: float | None = None
+    """stop the epochs of an update early once the approximate KL divergence exceeds this threshold"""
+    cuda: bool = True
+    """use CUDA when it is available"""
+    track: bool = False
+    """track the experiment with Weights and Biases (honours WANDB_MODE)"""
+    wandb_project_name: str = "leanrl"
+    """the wandb project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of the wandb project"""
+    speed_log: str | None = None
+    """append the final speed record (one JSON line) to this file"""
+    profile_dir: str | None = None
+    """profile one iteration of the steady window after warm-up and write the trace into this directory"""
+    compile: bool = False
+    """compile the policy, GAE and update functions with torch.compile"""
+    cudagraphs: bool = False
+    """capture the policy, GAE and update functions as CUDA graphs (tensordict's CudaGraphModule)"""
+
+
+# Iterations that count as warm-up: the fps window starts after them.
+WARMUP_ITERATIONS = 2
+# Iterations profiled with --profile-dir, at the start of the steady window.
+PROFILE_ITERATIONS = 1
+# The statistics one minibatch update returns, in this order.
+STATS = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "grad_norm")
+
+
+def fail(message):
+    """Bad input: one line on stderr, exit code 2, no traceback."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def check_args(args):
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate"):
+        if getattr(args, name) <= 0:
+            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    for name in ("gamma", "gae_lambda"):
+        if not 0 <= getattr(args, name) <= 1:
+            fail(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(args, name)}")
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches:
+        fail(
+            f"--num-envs * --num-steps = {batch_size} does not split evenly into --num-minibatches "
+            f"{args.num_minibatches}: every minibatch must have the same size"
+        )
+    if args.norm_adv and batch_size // args.num_minibatches < 2:
+        fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample; --norm-adv needs two")
+    if args.total_timesteps < batch_size:
+        fail(
+            f"--total-timesteps {args.total_timesteps} is below one rollout, --num-envs * --num-steps = {batch_size}"
+        )
+    if args.target_kl is not None and args.target_kl <= 0:
+        fail(f"--target-kl must be positive, got {args.target_kl}")
+
+
+def make_env(env_id, gamma):
+    def thunk():
+        env = gym.make(env_id)
+        if not isinstance(env.action_space, gym.spaces.Box):
+            space = type(env.action_space).__name__
+            fail(f"{env_id} has a {space} action space; this PPO needs a continuous (Box) one")
+        env = gym.wrappers.FlattenObservation(env)  # deal with dm_control's Dict observation space
+        # Before the reward wrappers, so that episode returns are the environment's own.
+        env = gym.wrappers.RecordEpisodeStatistics(env)
+        env = gym.wrappers.ClipAction(env)
+        env = gym.wrappers.NormalizeObservation(env)
+        env = gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)
+        env = gym.wrappers.NormalizeReward(env, gamma=gamma)
+        env = gym.wrappers.TransformReward(env, lambda reward: np.clip(reward, -10, 10))
+        return env
+
+    return thunk
+
+
+def make_envs(args):
+    """num_envs envs that reset in the same step, so the true final observation comes in infos."""
+    try:
+        return gym.vector.SyncVectorEnv(
+            [make_env(args.env_id, args.gamma) for _ in range(args.num_envs)],
+            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+        )
+    except gym.error.Error as e:
+        fail(f"cannot make env {args.env_id!r}: {e}")
+
+
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class ActorCritic(nn.Module):
+    """Separate 64-64 tanh actor and critic; a Gaussian policy with a state-independent log-std."""
+
+    def __init__(self, n_obs, n_act, device=None):
+        super().__init__()
+        self.critic = nn.Sequential(
+            layer_init(nn.Linear(n_obs, 64, device=device)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64, device=device)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 1, device=device), std=1.0),
+        )
+        self.actor_mean = nn.Sequential(
+            layer_init(nn.Linear(n_obs, 64, device=device)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64, device=device)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, n_act, device=device), std=0.01),
+        )
+        self.actor_logstd = nn.Parameter(torch.zeros(1, n_act, device=device))
+
+    def get_value(self, x):
+        return self.critic(x)
+
+    def get_action_and_value(self, x, action=None):
+        action_mean = self.actor_mean(x)
+        action_logstd = self.actor_logstd.expand_as(action_mean)
+        action_std = torch.exp(action_logstd)
+        # Checking the arguments would read them back to the host: a sync, and not allowed in a CUDA graph
+        probs = Normal(action_mean, action_std, validate_args=False)
+        if action is None:
+            # sample() calls torch.normal, which checks std on the host; rsample draws the same numbers without
+            action = probs.rsample()
+        return action, probs.log_prob(action).sum(1), probs.entropy().sum(1), self.critic(x)
+
+
+class Rollout:
+    """One rollout of num_steps steps of num_envs envs, preallocated on the device.
+
+    obs and dones have one more row: the observation after the last step, which GAE bootstraps from and the next
+    rollout starts with. The env's rewards and dones are gathered on the host and copied over once per rollout.
+    """
+
+    def __init__(self, num_steps, num_envs, n_obs, n_act, device):
+        self.obs = torch.zeros((num_steps + 1, num_envs, n_obs), device=device)
+        self.actions = torch.zeros((num_steps, num_envs, n_act), device=device)
+        self.logprobs = torch.zeros((num_steps, num_envs), device=device)
+        self.rewards = torch.zeros((num_steps, num_envs), device=device)
+        self.dones = torch.zeros((num_steps + 1, num_envs), device=device)
+        self.values = torch.zeros((num_steps, num_envs), device=device)
+        self.host_rewards = np.zeros((num_steps, num_envs), dtype=np.float32)
+        self.host_dones = np.zeros((num_steps + 1, num_envs), dtype=np.float32)
+
+
+class Agent:
+    """The networks PPO trains and their optimizer."""
+
+    def __init__(self, args, n_obs, n_act, device):
+        self.net = ActorCritic(n_obs, n_act, device=device)
+        # The policy used to act: shares the trained network's storage, records no gradients.
+        self.inference = ActorCritic(n_obs, n_act, device="meta")
+        from_module(self.net).data.to_module(self.inference)
+        self.inference.requires_grad_(False)  # to_module wraps the detached tensors as Parameters again
+        # The learning rate is a device tensor that annealing overwrites in place, so a compiled or captured
+        # optimizer step reads the current value. Adam takes a tensor lr without host syncs only when capturable,
+        # which it can be on CUDA alone.
+        self.optimizer = optim.Adam(
+            self.net.parameters(),
+            lr=torch.tensor(args.learning_rate, device=device),
+            eps=1e-5,
+            capturable=device.type == "cuda",
+        )
+
+    def set_learning_rate(self, lr):
+        self.optimizer.param_groups[0]["lr"].fill_(lr)
+
+
+def bootstrap_truncated(agent, reward, terminations, truncations, infos, gamma, device):
+    """The reward with gamma * V(true final observation) added where an episode was truncated, not terminated.
+
+    The env has already reset and GAE does not bootstrap across a done, but a time limit is not the end of the
+    task: its value target must continue from the state the episode stopped in.
+    """
+    truncated = truncations & ~terminations
+    if not truncated.any():
+        return reward
+    final_obs = torch.as_tensor(np.stack(infos["final_obs"][truncated]), dtype=torch.float32, device=device)
+    with torch.no_grad():
+        final_value = agent.net.get_value(final_obs).flatten().cpu().numpy()
+    reward = reward.copy()
+    reward[truncated] += gamma * final_value
+    return reward
+
+
+def make_update_fns(agent, args):
+    """GAE over a rollout, the PPO update on one minibatch, and the policy that acts.
+    With --compile and --cudagraphs, each is compiled and captured."""
+
+    def gae(next_obs, next_done, rewards, values, dones):
+        """Advantages and returns; dones[t] says whether obs[t] starts a new episode."""
+        with torch.no_grad():
+            next_value = agent.inference.get_value(next_obs).reshape(1, -1)
+            nextnonterminal = 1.0 - torch.cat([dones[1:], next_done[None]])
+            nextvalues = torch.cat([values[1:], next_value])
+            delta = rewards + args.gamma * nextvalues * nextnonterminal - values
+            coef = args.gamma * args.gae_lambda * nextnonterminal
+            # advantages[t] = delta[t] + coef[t] * advantages[t + 1], solved by a doubling scan in log2(num_steps)
+            # rounds instead of num_steps sequential ones (a short graph to compile): after the round with shift s,
+            # advantages[t] holds the terms of delta[t : t + 2s] and coef[t] the product of coef[t : t + 2s].
+            advantages = delta
+            shift = 1
+            while shift < args.num_steps:
+                advantages = advantages + coef * F.pad(advantages[shift:], (0, 0, 0, shift))
+                coef = coef * F.pad(coef[shift:], (0, 0, 0, shift))
+                shift *= 2
+            returns = advantages + values
+        return advantages, returns
+
+    def update(obs, actions, logprobs, advantages, returns, values):
+        """One gradient step on one minibatch; returns the STATS as one tensor."""
+        _, newlogprob, entropy, newvalue = agent.net.get_action_and_value(obs, actions)
+        logratio = newlogprob - logprobs
+        ratio = logratio.exp()
+
+        with torch.no_grad():
+            # calculate approx_kl http://joschu.net/blog/kl-approx.html
+            old_approx_kl = (-logratio).mean()
+            approx_kl = ((ratio - 1) - logratio).mean()
+            clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+        if args.norm_adv:
+            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+
+        # Policy loss
+        pg_loss1 = -advantages * ratio
+        pg_loss2 = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+        pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+        # Value loss
+        newvalue = newvalue.view(-1)
+        if args.clip_vloss:
+            v_loss_unclipped = (newvalue - returns) ** 2
+            v_clipped = values + torch.clamp(newvalue - values, -args.clip_coef, args.clip_coef)
+            v_loss_clipped = (v_clipped - returns) ** 2
+            v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+        else:
+            v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
+
+        entropy_loss = entropy.mean()
+        loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+        agent.optimizer.zero_grad()
+        loss.backward()
+        grad_norm = nn.utils.clip_grad_norm_(agent.net.parameters(), args.max_grad_norm)
+        agent.optimizer.step()
+        return torch.stack([pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac, grad_norm]).detach()
+
+    def policy(obs):
+        action, logprob, _, value = agent.inference.get_action_and_value(obs)
+        return action, logprob, value.flatten()
+
+    if args.compile:
+        gae, update, policy = map(torch.compile, (gae, update, policy))
+    if args.cudagraphs:
+        gae, update, policy = (CudaGraphModule(f, warmup=3 if args.compile else 2) for f in (gae, update, policy))
+    return gae, update, policy
+
+
+def main(argv=None):
+    args = tyro.cli(Args, args=argv)
+    check_args(args)
+    t_start = time.perf_counter()
+    script = os.path.basename(__file__)[: -len(".py")]
+    run_name = f"{args.env_id}__{script}__{args.seed}__{int(time.time())}"
+    batch_size = args.num_envs * args.num_steps
+    minibatch_size = batch_size // args.num_minibatches
+    num_iterations = args.total_timesteps // batch_size
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=run_name)
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if args.cudagraphs and device.type != "cuda":
+        print("warning: --cudagraphs needs CUDA; running without CUDA graphs", file=sys.stderr)
+        args.cudagraphs = False
+    # Named scopes for the profiler (--profile-dir); free when not profiling.
+    phase = record_function if args.profile_dir else lambda name: nullcontext()
+
+    envs = make_envs(args)
+    n_obs = int(np.prod(envs.single_observation_space.shape))
+    n_act = int(np.prod(envs.single_action_space.shape))
+    agent = Agent(args, n_obs, n_act, device)
+    gae, update, policy = make_update_fns(agent, args)
+    rollout = Rollout(args.num_steps, args.num_envs, n_obs, n_act, device)
+
+    next_obs, _ = envs.reset(seed=args.seed)
+    rollout.obs[-1].copy_(torch.from_numpy(next_obs))
+    global_step = 0
+    returns = deque(maxlen=20)
+    curve = []  # [global_step, seconds since start, mean return], for return-vs-time plots
+    curve_every = max(1, num_iterations // 50)
+    window_start = WARMUP_ITERATIONS + 1  # the first iteration of the fps window
+    t_window = profiler = None
+    pbar = tqdm.tqdm(range(1, num_iterations + 1), mininterval=1.0)
+    for iteration in pbar:
+        if iteration == window_start:
+            t_window = time.perf_counter()
+            if args.profile_dir:
+                profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA][: 1 + (device.type == "cuda")])
+                profiler.start()
+
+        with phase("update"):
+            if args.anneal_lr:
+                frac = 1.0 - (iteration - 1.0) / num_iterations
+                agent.set_learning_rate(frac * args.learning_rate)
+
+        with phase("data"):
+            # The observation the last rollout ended in is the first of this one.
+            rollout.obs[0].copy_(rollout.obs[-1])
+            rollout.host_dones[0] = rollout.host_dones[-1]
+        for step in range(args.num_steps):
+            global_step += args.num_envs
+            with phase("policy"):
+                action, logprob, value = policy(rollout.obs[step])
+
+            with phase("data"):
+                # The storage writes go after the wait for the action, so that they run while the envs step.
+                action_np = action.cpu().numpy()
+                torch._foreach_copy_(
+                    [rollout.actions[step], rollout.logprobs[step], rollout.values[step]], [action, logprob, value]
+                )
+
+            with phase("env_step"):
+                next_obs, reward, terminations, truncations, infos = envs.step(action_np)
+
+            with phase("data"):
+                reward = bootstrap_truncated(agent, reward, terminations, truncations, infos, args.gamma, device)
+                rollout.host_rewards[step] = reward
+                rollout.host_dones[step + 1] = np.logical_or(terminations, truncations)
+                rollout.obs[step + 1].copy_(torch.from_numpy(next_obs), non_blocking=True)
+                if "final_info" in infos:
+                    for i in np.flatnonzero(infos["_final_info"]):
+                        returns.append(float(infos["final_info"]["episode"]["r"][i]))
+                        if args.track:
+                            wandb.log({"charts/episodic_return": returns[-1]}, step=global_step)
+
+        with phase("data"):
+            rollout.rewards.copy_(torch.from_numpy(rollout.host_rewards))
+            rollout.dones.copy_(torch.from_numpy(rollout.host_dones))
+        with phase("update"):
+            advantages, rets = gae(
+                rollout.obs[-1], rollout.dones[-1], rollout.rewards, rollout.values, rollout.dones[:-1]
+            )
+
+        # flatten the batch: obs, actions, logprobs, advantages, returns, values
+        batch = (
+            rollout.obs[:-1].reshape((-1, n_obs)),
+            rollout.actions.reshape((-1, n_act)),
+            rollout.logprobs.reshape(-1),
+            advantages.reshape(-1),
+            rets.reshape(-1),
+            rollout.values.reshape(-1),
+        )
+
+        # Optimizing the policy and value network
+        for epoch in range(args.update_epochs):
+            with phase("data"):
+                b_inds = torch.randperm(batch_size, device=device)
+                # One gather per epoch: the minibatches are then contiguous slices of the shuffled batch.
+                shuffled = [b[b_inds] for b in batch]
+            for start in range(0, batch_size, minibatch_size):
+                with phase("data"):
+                    minibatch = [b[start : start + minibatch_size] for b in shuffled]
+                with phase("update"):
+                    stats = update(*minibatch)
+            if args.target_kl is not None and stats[STATS.index("approx_kl")] > args.target_kl:
+                break
+
+        if profiler is not None and iteration == min(window_start + PROFILE_ITERATIONS - 1, num_iterations):
+            profiler.stop()
+            os.makedirs(args.profile_dir, exist_ok=True)
+            profiler.export_chrome_trace(os.path.join(args.profile_dir, f"{script}.trace.json"))
+            profiler = None
+
+        if iteration % curve_every == 0:
+            with phase("other"):
+                steps = global_step - WARMUP_ITERATIONS * batch_size
+                fps = steps / (time.perf_counter() - t_window) if t_window else None
+                mean_return = float(np.mean(returns)) if returns else None
+                if mean_return is not None:
+                    curve.append([global_step, round(time.perf_counter() - t_start, 3), round(mean_return, 2)])
+                pbar.set_description(f"fps: {fps or 0:.0f}, return: {mean_return or float('nan'):.1f}")
+                if args.track:
+                    logs = {f"losses/{name}": value for name, value in zip(STATS, stats.tolist())}
+                    logs["charts/learning_rate"] = float(agent.optimizer.param_groups[0]["lr"])
+                    wandb.log({**logs, "charts/SPS": fps or 0.0}, step=global_step)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t_end = time.perf_counter()
+    pbar.close()
+    envs.close()
+    steps_in_window = global_step - WARMUP_ITERATIONS * batch_size
+    record = {
+        "script": script,
+        "env_id": args.env_id,
+        "seed": args.seed,
+        "compile": args.compile,
+        "cudagraphs": args.cudagraphs,
+        "device": device.type,
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "total_timesteps": global_step,
+        "fps": round(steps_in_window / (t_end - t_window), 1) if steps_in_window > 0 else None,
+        "fps_overall": round(global_step / (t_end - t_start), 1),
+        "warmup_seconds": round(t_window - t_start, 3) if steps_in_window > 0 else None,
+        "wall_seconds": round(t_end - t_start, 3),
+        "episodic_return": round(float(np.mean(returns)), 2) if returns else None,
+        "return_curve": curve,
+    }
+    if args.track:
+        wandb.finish()
+    line = json.dumps(record)
+    if args.speed_log:
+        # One write of a whole line in append mode, so concurrent runs never interleave.
+        with open(args.speed_log, "a") as f:
+            f.write(line + "\n")
+    print(line, flush=True)
+    return record
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,400 @@
+# TD3 for continuous actions, as CleanRL defines it, made fast: on-device replay buffer, vmapped twin Q,
+# functional parameters, one lerp for every target, torch.compile and CUDA graphs.
+# Docs: docs/td3.md
+import json
+import os
+import random
+import sys
+import time
+from collections import deque
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.optim as optim
+import tqdm
+import tyro
+from tensordict import TensorDict, from_module, from_modules
+from tensordict.nn import CudaGraphModule
+from torch.profiler import ProfilerActivity, profile, record_function
+
+
+@dataclass
+class Args:
+    env_id: str = "HalfCheetah-v4"
+    """the id of the gymnasium environment"""
+    seed: int = 1
+    """seed of the experiment"""
+    total_timesteps: int = 1000000
+    """total timesteps of the experiment"""
+    learning_rate: float = 3e-4
+    """the learning rate of the optimizer"""
+    buffer_size: int = 1000000
+    """the replay memory buffer size"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    tau: float = 0.005
+    """target smoothing coefficient"""
+    batch_size: int = 256
+    """the batch size of samples from the replay memory"""
+    policy_noise: float = 0.2
+    """the scale of policy noise"""
+    exploration_noise: float = 0.1
+    """the scale of exploration noise"""
+    learning_starts: int = 25000
+    """timestep to start learning"""
+    policy_frequency: int = 2
+    """the frequency of training policy (delayed)"""
+    noise_clip: float = 0.5
+    """noise clip parameter of the Target Policy Smoothing Regularization"""
+    cuda: bool = True
+    """use CUDA when it is available"""
+    track: bool = False
+    """track the experiment with Weights and Biases (honours WANDB_MODE)"""
+    wandb_project_name: str = "leanrl"
+    """the wandb project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of the wandb project"""
+    speed_log: str | None = None
+    """append the final speed record (one JSON line) to this file"""
+    profile_dir: str | None = None
+    """profile a short steady window after warm-up and write the trace into this directory"""
+    compile: bool = False
+    """compile the update and policy functions with torch.compile"""
+    cudagraphs: bool = False
+    """capture the update and policy functions as CUDA graphs (tensordict's CudaGraphModule)"""
+
+
+# Steps after learning_starts that count as warm-up: the fps window starts after them.
+WARMUP_STEPS = 200
+# Steps profiled with --profile-dir, at the start of the steady window.
+PROFILE_STEPS = 100
+
+
+def fail(message):
+    """Bad input: one line on stderr, exit code 2, no traceback."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def check_args(args):
+    for name in ("total_timesteps", "buffer_size", "batch_size", "policy_frequency"):
+        if getattr(args, name) <= 0:
+            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    for name in ("policy_noise", "exploration_noise", "noise_clip"):
+        if getattr(args, name) < 0:
+            fail(f"--{name.replace('_', '-')} must not be negative, got {getattr(args, name)}")
+    if not 0 <= args.learning_starts < args.total_timesteps:
+        fail(f"--learning-starts must be in [0, --total-timesteps), got {args.learning_starts}")
+
+
+def make_env(env_id, seed):
+    def thunk():
+        env = gym.make(env_id)
+        env = gym.wrappers.RecordEpisodeStatistics(env)
+        env.action_space.seed(seed)
+        return env
+
+    return thunk
+
+
+def make_envs(env_id, seed):
+    """One env in a vector env that resets in the same step, so the true final observation comes in infos."""
+    try:
+        envs = gym.vector.SyncVectorEnv([make_env(env_id, seed)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    except gym.error.Error as e:
+        fail(f"cannot make env {env_id!r}: {e}")
+    if not isinstance(envs.single_action_space, gym.spaces.Box):
+        fail(f"{env_id} has a {type(envs.single_action_space).__name__} action space; TD3 needs a continuous (Box) one")
+    return envs
+
+
+class QNetwork(nn.Module):
+    def __init__(self, n_obs, n_act, device=None):
+        super().__init__()
+        self.fc1 = nn.Linear(n_obs + n_act, 256, device=device)
+        self.fc2 = nn.Linear(256, 256, device=device)
+        self.fc3 = nn.Linear(256, 1, device=device)
+
+    def forward(self, x, a):
+        x = torch.cat([x, a], 1)
+        x = F.relu(self.fc1(x))
+        x = F.relu(self.fc2(x))
+        return self.fc3(x)
+
+
+class Actor(nn.Module):
+    def __init__(self, n_obs, n_act, action_low, action_high, device=None):
+        super().__init__()
+        self.fc1 = nn.Linear(n_obs, 256, device=device)
+        self.fc2 = nn.Linear(256, 256, device=device)
+        self.fc_mu = nn.Linear(256, n_act, device=device)
+        low = torch.as_tensor(action_low, dtype=torch.float32, device=device)
+        high = torch.as_tensor(action_high, dtype=torch.float32, device=device)
+        self.register_buffer("action_scale", (high - low) / 2.0)
+        self.register_buffer("action_bias", (high + low) / 2.0)
+
+    def forward(self, x):
+        x = F.relu(self.fc1(x))
+        x = F.relu(self.fc2(x))
+        x = torch.tanh(self.fc_mu(x))
+        return x * self.action_scale + self.action_bias
+
+
+class ReplayBuffer:
+    """Transitions as rows of one preallocated tensor on the device, sampled uniformly with replacement there.
+
+    A row is [obs, action, reward, next_obs, done]: adding a transition is one host-to-device copy.
+    """
+
+    def __init__(self, size, n_obs, n_act, device):
+        self.widths = [n_obs, n_act, 1, n_obs, 1]
+        self.storage = torch.zeros(size, sum(self.widths), device=device)
+        self.max_size, self.ptr, self.size, self.device = size, 0, 0, device
+
+    def add(self, obs, next_obs, action, reward, done):
+        row = np.concatenate([obs, action, [reward], next_obs, [done]], dtype=np.float32)
+        self.storage[self.ptr].copy_(torch.from_numpy(row), non_blocking=True)
+        self.ptr = (self.ptr + 1) % self.max_size
+        self.size = min(self.size + 1, self.max_size)
+
+    def sample(self, batch_size):
+        idx = torch.randint(0, self.size, (batch_size,), device=self.device)
+        obs, actions, rewards, next_obs, dones = self.storage[idx].split(self.widths, dim=1)
+        return obs, actions, rewards.flatten(), next_obs, dones.flatten()
+
+
+class Agent:
+    """The networks, their targets and the optimizers TD3 trains."""
+
+    def __init__(self, args, n_obs, n_act, action_low, action_high, device):
+        self.actor = Actor(n_obs, n_act, action_low, action_high, device=device)
+        # The policy used to act: shares the actor's storage, records no gradients.
+        self.actor_detach = Actor(n_obs, n_act, action_low, action_high, device="meta")
+        from_module(self.actor).data.to_module(self.actor_detach)
+        self.actor_detach.requires_grad_(False)  # to_module wraps the detached tensors as Parameters again
+        # The target actor: a stateless module over its own copy of the actor's tensors.
+        self.target_actor_params = from_module(self.actor).data.clone()
+        self.target_actor = Actor(n_obs, n_act, action_low, action_high, device="meta")
+        self.target_actor_params.to_module(self.target_actor)
+        # Both Q networks as one stacked set of parameters, evaluated with vmap over a stateless module.
+        qf1 = QNetwork(n_obs, n_act, device=device)
+        qf2 = QNetwork(n_obs, n_act, device=device)
+        self.qnet_params = from_modules(qf1, qf2, as_module=True)
+        self.qnet_target = self.qnet_params.data.clone()
+        self.qnet = QNetwork(n_obs, n_act, device="meta")
+        # Plain dicts of the same tensors for functional_call, built once (updates happen in place).
+        self.q_params, self.q_params_data, self.q_target = (
+            dict(td.flatten_keys(".").items()) for td in (self.qnet_params, self.qnet_params.data, self.qnet_target)
+        )
+        # The first Q network alone (views into the stack), for the actor loss.
+        self.qf1_params_data = {name: value[0] for name, value in self.q_params_data.items()}
+        # Every target and its source in two TensorDicts, so that one lerp_ updates them all.
+        self.targets = TensorDict(qnet=self.qnet_target, actor=self.target_actor_params)
+        self.sources = TensorDict(qnet=self.qnet_params.data, actor=from_module(self.actor).data)
+        # capturable: Adam keeps its step count on the device, so a replayed graph advances it
+        capturable = args.cudagraphs and device.type == "cuda"
+        self.q_optimizer = optim.Adam(self.qnet_params.values(True, True), lr=args.learning_rate, capturable=capturable)
+        self.actor_optimizer = optim.Adam(list(self.actor.parameters()), lr=args.learning_rate, capturable=capturable)
+        # Per-dimension action bounds on the device, for clamping actions there.
+        self.action_low = torch.as_tensor(action_low, dtype=torch.float32, device=device)
+        self.action_high = torch.as_tensor(action_high, dtype=torch.float32, device=device)
+
+    def qvalues(self, params, obs, actions):
+        """Q values of both networks, stacked: shape (2, batch, 1)."""
+        return torch.vmap(lambda p: torch.func.functional_call(self.qnet, p, (obs, actions)))(params)
+
+
+def make_update_fns(agent, args):
+    """The two steps of a TD3 update: the critic; and the delayed actor step with the soft update of every
+    target network, which TD3 always does together; and the policy that acts, with its exploration noise.
+    With --compile and --cudagraphs, each is compiled and captured."""
+
+    def update_critic(obs, actions, rewards, next_obs, dones):
+        with torch.no_grad():
+            # Target policy smoothing: clipped noise on the target actor's action.
+            clipped_noise = (torch.randn_like(actions) * args.policy_noise).clamp(
+                -args.noise_clip, args.noise_clip
+            ) * agent.target_actor.action_scale
+            next_state_actions = agent.target_actor(next_obs) + clipped_noise
+            next_state_actions = next_state_actions.clamp(agent.action_low, agent.action_high)
+            qf_next_target = agent.qvalues(agent.q_target, next_obs, next_state_actions)
+            min_qf_next_target = qf_next_target.min(0).values
+            next_q_value = rewards.flatten() + (1 - dones.flatten()) * args.gamma * min_qf_next_target.view(-1)
+
+        qf_a_values = agent.qvalues(agent.q_params, obs, actions).view(2, -1)
+        qf_loss = (qf_a_values - next_q_value).pow(2).mean(1).sum()
+        qf1_a_values, qf2_a_values = qf_a_values
+
+        agent.q_optimizer.zero_grad()
+        qf_loss.backward()
+        agent.q_optimizer.step()
+        return qf_loss.detach(), qf1_a_values.detach().mean(), qf2_a_values.detach().mean()
+
+    def update_actor_and_targets(obs):
+        # qf1's detached parameters: no gradient reaches the critic, whose step would discard it anyway.
+        actor_loss = -torch.func.functional_call(agent.qnet, agent.qf1_params_data, (obs, agent.actor(obs))).mean()
+
+        agent.actor_optimizer.zero_grad()
+        actor_loss.backward()
+        agent.actor_optimizer.step()
+
+        # one fused lerp over every target parameter, inside the compiled and captured function
+        agent.targets.lerp_(agent.sources, args.tau)
+        return actor_loss.detach()
+
+    def policy(obs):
+        # Exploration noise drawn and actions clipped on the device: only the final action goes to the host.
+        actions = agent.actor_detach(obs)
+        actions = actions + torch.randn_like(actions) * agent.actor_detach.action_scale * args.exploration_noise
+        return actions.clamp(agent.action_low, agent.action_high)
+
+    if args.compile:
+        update_critic, update_actor_and_targets, policy = map(
+            torch.compile, (update_critic, update_actor_and_targets, policy)
+        )
+    if args.cudagraphs:
+        update_critic, update_actor_and_targets, policy = (
+            CudaGraphModule(f, warmup=3 if args.compile else 2)
+            for f in (update_critic, update_actor_and_targets, policy)
+        )
+    return update_critic, update_actor_and_targets, policy
+
+
+def main(argv=None):
+    args = tyro.cli(Args, args=argv)
+    check_args(args)
+    t_start = time.perf_counter()
+    script = os.path.basename(__file__)[: -len(".py")]
+    run_name = f"{args.env_id}__{script}__{args.seed}__{int(time.time())}"
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=run_name)
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if args.cudagraphs and device.type != "cuda":
+        print("warning: --cudagraphs needs CUDA; running without CUDA graphs", file=sys.stderr)
+        args.cudagraphs = False
+    # Named scopes for the profiler (--profile-dir); free when not profiling.
+    phase = record_function if args.profile_dir else lambda name: nullcontext()
+
+    envs = make_envs(args.env_id, args.seed)
+    n_obs = int(np.prod(envs.single_observation_space.shape))
+    n_act = int(np.prod(envs.single_action_space.shape))
+    space = envs.single_action_space
+    agent = Agent(args, n_obs, n_act, space.low, space.high, device)
+    update_critic, update_actor_and_targets, policy = make_update_fns(agent, args)
+    rb = ReplayBuffer(args.buffer_size, n_obs, n_act, device)
+
+    obs, _ = envs.reset(seed=args.seed)
+    returns = deque(maxlen=20)
+    curve = []  # [global_step, seconds since start, mean return], for return-vs-time plots
+    curve_every = max(1000, args.total_timesteps // 50)
+    window_start = min(args.learning_starts + WARMUP_STEPS, args.total_timesteps)
+    t_window = profiler = None
+    pbar = tqdm.tqdm(range(args.total_timesteps), mininterval=1.0)
+    for global_step in pbar:
+        if global_step == window_start:
+            t_window = time.perf_counter()
+            if args.profile_dir:
+                profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA][: 1 + (device.type == "cuda")])
+                profiler.start()
+        elif profiler is not None and global_step == min(window_start + PROFILE_STEPS, args.total_timesteps - 1):
+            profiler.stop()
+            os.makedirs(args.profile_dir, exist_ok=True)
+            profiler.export_chrome_trace(os.path.join(args.profile_dir, f"{script}.trace.json"))
+            profiler = None
+
+        with phase("policy"):
+            if global_step < args.learning_starts:
+                actions = envs.action_space.sample()
+            else:
+                actions = policy(torch.as_tensor(obs, device=device, dtype=torch.float32))
+                actions = actions.cpu().numpy()
+
+        with phase("env_step"):
+            next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+
+        with phase("data"):
+            # A finished episode's last transition keeps its true final observation.
+            real_next_obs = next_obs.copy()
+            if "final_obs" in infos:
+                for i in np.flatnonzero(infos["_final_obs"]):
+                    real_next_obs[i] = infos["final_obs"][i]
+                    returns.append(float(infos["final_info"]["episode"]["r"][i]))
+                    if args.track:
+                        wandb.log({"charts/episodic_return": returns[-1]}, step=global_step)
+            rb.add(obs[0], real_next_obs[0], actions[0], rewards[0], terminations[0])
+            obs = next_obs
+
+        if global_step >= args.learning_starts:
+            with phase("data"):
+                obs_b, actions_b, rewards_b, next_obs_b, dones_b = rb.sample(args.batch_size)
+            with phase("update"):
+                qf_loss, qf1_a, qf2_a = update_critic(obs_b, actions_b, rewards_b, next_obs_b, dones_b)
+                if global_step % args.policy_frequency == 0:  # delayed policy and target updates
+                    actor_loss = update_actor_and_targets(obs_b)
+
+        if global_step % curve_every == 0 and global_step > 0:
+            with phase("other"):
+                fps = (global_step - window_start) / (time.perf_counter() - t_window) if t_window else None
+                mean_return = float(np.mean(returns)) if returns else None
+                if mean_return is not None:
+                    curve.append([global_step, round(time.perf_counter() - t_start, 3), round(mean_return, 2)])
+                pbar.set_description(f"fps: {fps or 0:.0f}, return: {mean_return or float('nan'):.1f}")
+                if args.track and global_step > args.learning_starts + args.policy_frequency:
+                    wandb.log(
+                        {
+                            "losses/qf_loss": qf_loss.item(),
+                            "losses/qf1_values": qf1_a.item(),
+                            "losses/qf2_values": qf2_a.item(),
+                            "losses/actor_loss": actor_loss.item(),
+                            "charts/SPS": fps or 0.0,
+                        },
+                        step=global_step,
+                    )
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t_end = time.perf_counter()
+    pbar.close()
+    envs.close()
+    steps_in_window = args.total_timesteps - window_start
+    record = {
+        "script": script,
+        "env_id": args.env_id,
+        "seed": args.seed,
+        "compile": args.compile,
+        "cudagraphs": args.cudagraphs,
+        "device": device.type,
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "total_timesteps": args.total_timesteps,
+        "fps": round(steps_in_window / (t_end - t_window), 1) if steps_in_window > 0 else None,
+        "fps_overall": round(args.total_timesteps / (t_end - t_start), 1),
+        "warmup_seconds": round(t_window - t_start, 3) if steps_in_window > 0 else None,
+        "wall_seconds": round(t_end - t_start, 3),
+        "episodic_return": round(float(np.mean(returns)), 2) if returns else None,
+        "return_curve": curve,
+    }
+    if args.track:
+        wandb.finish()
+    line = json.dumps(record)
+    if args.speed_log:
+        # One write of a whole line in append mode, so concurrent runs never interleave.
+        with open(args.speed_log, "a") as f:
+            f.write(line + "\n")
+    print(line, flush=True)
+    return record
+
+
+if __name__ == "__main__":
+    main()

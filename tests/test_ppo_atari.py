@@ -1,0 +1,284 @@
+"""PPO Atari: both scripts through full iterations in every mode, the same first rollout in both, policy, GAE
+and update equivalence of the compiled variant with the baseline, whole-game episode returns, updates that
+improve a fixed batch, bad input."""
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from conftest import (
+    MODES, assert_one_line_error, assert_same_update, load_script, requires_cuda, run_cli, run_main,
+)  # fmt: skip
+
+BASE, FAST = "ppo_atari_envpool", "ppo_atari_envpool_torchcompile"
+NUM_ENVS, NUM_STEPS, N_ACT = 2, 16, 4
+# Four iterations of 32 steps: three of warm-up, one in the fps window. The equivalence tests use the same
+# shapes, so torch.compile reuses the kernels it built for these runs.
+SIZES = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2"]
+TINY = SIZES + ["--update-epochs", "1", "--total-timesteps", "128"]
+PHASES = ("env_step", "policy", "data", "update", "other")
+
+
+def test_baseline_iterations(capsys):
+    record = run_main(BASE, TINY, capsys)
+    assert record["compile"] is False and record["cudagraphs"] is False
+    assert record["total_timesteps"] == 128 and record["fps"] > 0 and record["warmup_seconds"] > 0
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: "+".join(m) or "eager")
+def test_compiled_iterations(mode, capsys):
+    record = run_main(FAST, TINY + mode, capsys)
+    assert record["compile"] == ("--compile" in mode)
+    # Without CUDA, --cudagraphs falls back to running without graphs and says so in the record.
+    assert record["cudagraphs"] == ("--cudagraphs" in mode and torch.cuda.is_available())
+    assert record["total_timesteps"] == 128 and record["fps"] > 0
+
+
+def record_run(name, argv, capsys, monkeypatch):
+    """Run main() with its rollout storage, its agent and the calls of its GAE and update recorded."""
+    module = load_script(name)
+    seen = SimpleNamespace(rollouts=[], agents=[], gae=[], updates=[])
+
+    class Rollout(module.Rollout):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            seen.rollouts.append(self)
+
+    make_update_fns = module.make_update_fns
+
+    def recording_make_update_fns(agent, args):
+        gae, update, *policy = make_update_fns(agent, args)
+        seen.agents.append(agent)
+
+        def recorded_gae(*inputs):
+            outputs = gae(*inputs)
+            seen.gae.append([t.clone() for t in inputs + outputs])
+            return outputs
+
+        def recorded_update(*minibatch):
+            seen.updates.append(minibatch)
+            return update(*minibatch)
+
+        return recorded_gae, recorded_update, *policy
+
+    monkeypatch.setattr(module, "Rollout", Rollout)
+    monkeypatch.setattr(module, "make_update_fns", recording_make_update_fns)
+    return run_main(name, argv, capsys), seen
+
+
+@pytest.mark.parametrize("name", [BASE, FAST])
+def test_early_stop_fixed_lr_profile_and_speed_log(name, tmp_path, capsys, monkeypatch):
+    """--target-kl stops an iteration's epochs once the policy has moved; --no-anneal-lr keeps the learning
+    rate; whole iterations only; --profile-dir writes a trace with the phases; --speed-log gets the record."""
+    log = tmp_path / "speed.jsonl"
+    argv = SIZES + ["--total-timesteps", "150", "--update-epochs", "2", "--target-kl", "1e-9", "--no-anneal-lr",
+                    "--learning-rate", "0.01", "--profile-dir", str(tmp_path), "--speed-log", str(log)]  # fmt: skip
+    record, seen = record_run(name, argv, capsys, monkeypatch)
+    assert record["total_timesteps"] == 128
+    # 4 iterations of 2 minibatches; the first minibatch's step moves the policy past the tiny KL target,
+    # so the second epoch never runs.
+    assert len(seen.updates) == 4 * 2
+    assert float(seen.agents[0].optimizer.param_groups[0]["lr"]) == pytest.approx(0.01)
+    assert [json.loads(line) for line in log.read_text().splitlines()] == [record]
+    trace = json.loads((tmp_path / f"{name}.trace.json").read_text())
+    names = {event.get("name") for event in trace["traceEvents"]}
+    assert set(PHASES) <= names
+    assert int(trace["env_steps_per_call"]) == 2, "one env_step call steps both envs"
+
+
+def test_first_rollout_matches_baseline(capsys, monkeypatch):
+    """One seed gives both scripts the same first rollout: the same frames, actions, log-probabilities,
+    values, rewards and done flags in the same slots, and the same advantages. This checks the compiled
+    variant's staging (pinned buffers, send/recv, one copy per iteration) against the baseline's plain loop."""
+    argv = ["--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "1",
+            "--total-timesteps", "128"]  # fmt: skip
+    _, base = record_run(BASE, argv, capsys, monkeypatch)
+    _, fast = record_run(FAST, argv, capsys, monkeypatch)
+    rollout_b, rollout_f = base.rollouts[0], fast.rollouts[0]
+    assert rollout_b.dones.any(), "lives were lost within the rollout"
+    assert rollout_b.rewards.any(), "points were scored within the rollout"
+    for key in ("obs", "actions", "logprobs", "values", "rewards", "dones"):
+        torch.testing.assert_close(getattr(rollout_f, key).float(), getattr(rollout_b, key), msg=key)
+    # next_obs, next_done, rewards, values, dones, advantages, returns
+    for inputs_f, inputs_b in zip(fast.gae[0], base.gae[0]):
+        torch.testing.assert_close(inputs_f.float(), inputs_b)
+
+
+def test_finished_games_give_returns(capsys):
+    """Random play loses Breakout's five lives in fewer than 256 steps: whole games end and are reported."""
+    argv = ["--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "1",
+            "--total-timesteps", "512"]  # fmt: skip
+    record = run_main(BASE, argv, capsys)
+    assert record["episodic_return"] is not None and record["episodic_return"] >= 0
+    assert record["return_curve"] and record["return_curve"][-1][0] == 512
+
+
+@pytest.mark.parametrize("name", [BASE, FAST])
+def test_episode_returns_are_whole_games_of_unclipped_reward(name):
+    episodes = load_script(name).EpisodeReturns(2)
+
+    def step(reward, lives, terminated, truncated):
+        info = {"reward": np.array(reward, dtype=np.float32), "lives": np.array(lives, dtype=np.int32),
+                "terminated": np.array(terminated, dtype=np.int32)}  # fmt: skip
+        return episodes.add(info, np.array(truncated))
+
+    assert step([4.0, 1.0], [5, 5], [0, 0], [False, False]) == []
+    assert step([0.0, 7.0], [4, 5], [0, 0], [False, False]) == []  # env 0 loses a life: its game goes on
+    assert step([0.0, 0.0], [4, 5], [0, 0], [False, False]) == []  # envpool's reset step after a lost life
+    assert step([1.0, 0.0], [0, 5], [1, 0], [False, False]) == [5.0]  # game over: 4 + 1, unclipped
+    assert step([0.0, 1.0], [5, 5], [0, 0], [False, True]) == [9.0]  # env 1 hits the time limit: 1 + 7 + 1
+    assert step([7.0, 0.0], [5, 5], [0, 0], [False, False]) == []  # env 0's new game starts from zero
+    assert step([0.0, 0.0], [0, 0], [1, 1], [False, False]) == [7.0, 0.0]
+    assert list(episodes.finished) == [5.0, 9.0, 7.0, 0.0]
+
+
+def random_rollout(gen):
+    """A rollout's worth of made-up data, with episode ends inside it and at its end."""
+    obs = torch.randint(0, 256, (NUM_STEPS, NUM_ENVS, 4, 84, 84), dtype=torch.uint8, generator=gen)
+    rewards = torch.randint(-1, 2, (NUM_STEPS, NUM_ENVS), generator=gen).float()
+    dones = (torch.rand(NUM_STEPS, NUM_ENVS, generator=gen) < 0.2).float()
+    values = torch.randn(NUM_STEPS, NUM_ENVS, generator=gen)
+    next_obs = torch.randint(0, 256, (NUM_ENVS, 4, 84, 84), dtype=torch.uint8, generator=gen)
+    next_done = torch.tensor([1.0, 0.0])
+    assert dones.any() and not dones.all()
+    return obs, rewards, dones, values, next_obs, next_done
+
+
+def make_pair(compile, cudagraphs, device):
+    """A baseline agent and a compiled-variant agent with identical parameters, and their functions."""
+    base, fast = load_script(BASE), load_script(FAST)
+    args_b = base.Args(num_envs=NUM_ENVS, num_steps=NUM_STEPS)
+    args_f = fast.Args(num_envs=NUM_ENVS, num_steps=NUM_STEPS, compile=compile, cudagraphs=cudagraphs)
+    torch.manual_seed(0)
+    agent_b = base.Agent(args_b, N_ACT, device)
+    agent_f = fast.Agent(args_f, N_ACT, device)
+    agent_f.network.load_state_dict(agent_b.network.state_dict())
+    return (agent_b, base.make_update_fns(agent_b, args_b)), (agent_f, fast.make_update_fns(agent_f, args_f))
+
+
+def check_equivalence(compile, cudagraphs, device, calls=4):
+    """Same parameters and data: the policy, GAE and several minibatch updates (with the learning rate changed
+    in between, as annealing does) give the same outputs and parameters in both scripts. The baseline gets
+    float frames, the compiled variant uint8 ones. Enough calls that graphs are captured and replayed."""
+    (agent_b, (gae_b, update_b)), (agent_f, (gae_f, update_f, policy_f)) = make_pair(compile, cudagraphs, device)
+    # GPU kernels of compiled and eager code round differently
+    tol = dict(atol=1e-5, rtol=1e-4) if device == "cpu" else dict(atol=1e-4, rtol=1e-3)
+    gen = torch.Generator().manual_seed(1)
+    initial = [p.detach().clone() for p in agent_f.network.parameters()]
+    for i in range(calls):
+        obs, rewards, dones, values, next_obs, next_done = (t.to(device) for t in random_rollout(gen))
+
+        torch.manual_seed(10 * i)
+        with torch.no_grad():
+            action_b, logprob_b, _, value_b = agent_b.network.get_action_and_value(obs[0].float())
+        torch.manual_seed(10 * i)
+        for out_f, out_b in zip(policy_f(obs[0]), (action_b, logprob_b, value_b.flatten())):
+            torch.testing.assert_close(out_f, out_b, **tol)
+
+        advantages_b, returns_b = gae_b(next_obs.float(), next_done, rewards, values, dones)
+        advantages_f, returns_f = gae_f(next_obs, next_done, rewards, values, dones)
+        torch.testing.assert_close(advantages_f, advantages_b, **tol)
+        torch.testing.assert_close(returns_f, returns_b, **tol)
+
+        lr = 2.5e-4 * (1 - i / calls)
+        agent_b.optimizer.param_groups[0]["lr"] = lr
+        agent_f.optimizer.param_groups[0]["lr"].fill_(lr)
+        mb = torch.randperm(NUM_STEPS * NUM_ENVS, generator=gen)[: NUM_STEPS * NUM_ENVS // 2].to(device)
+        actions = torch.randint(0, N_ACT, (NUM_STEPS * NUM_ENVS,), generator=gen).to(device)
+        logprobs = (np.log(1 / N_ACT) + 0.05 * torch.randn(NUM_STEPS * NUM_ENVS, generator=gen)).to(device)
+        minibatch = (actions[mb], logprobs[mb], advantages_b.flatten()[mb], returns_b.flatten()[mb])
+        minibatch += (values.flatten()[mb],)
+        stats_b = update_b(obs.flatten(0, 1)[mb].float(), *minibatch)
+        stats_f = update_f(obs.flatten(0, 1)[mb], *minibatch)
+        for s_f, s_b in zip(stats_f, stats_b):
+            torch.testing.assert_close(s_f, s_b, **tol)
+        for p0, (name, p_b), p_f in zip(initial, agent_b.network.named_parameters(), agent_f.network.parameters()):
+            assert_same_update(p0, p_b.detach(), p_f.detach(), name=name)
+    # The updates really moved the parameters.
+    assert all(not torch.equal(p0, p) for p0, p in zip(initial, agent_f.network.parameters()))
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compile"])
+def test_equivalence_with_baseline(compile):
+    if compile:
+        # Inductor draws random numbers its own way by default; use eager's to compare draw for draw.
+        torch._inductor.config.fallback_random = True
+    check_equivalence(compile, cudagraphs=False, device="cpu")
+
+
+@requires_cuda
+@pytest.mark.parametrize("compile", [False, True], ids=["cudagraphs", "compile+cudagraphs"])
+def test_equivalence_with_baseline_cuda(compile, monkeypatch):
+    torch._inductor.config.fallback_random = True
+    # Full float32 convolutions in both scripts (matmuls already are), so that the tolerance stays tight.
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    check_equivalence(compile, cudagraphs=True, device="cuda")
+
+
+def test_updates_improve_a_fixed_batch():
+    """Updates on one batch make the action with a positive advantage more likely and the one with a negative
+    advantage less likely, and move the value towards the returns; a sign error in a loss would undo one."""
+    base = load_script(BASE)
+    args = base.Args(num_envs=NUM_ENVS, num_steps=NUM_STEPS)
+    torch.manual_seed(0)
+    agent = base.Agent(args, N_ACT, "cpu")
+    _, update = base.make_update_fns(agent, args)
+    # One observation, every action taken 8 times: action 0 did better than expected, action 1 worse.
+    obs = torch.randint(0, 256, (1, 4, 84, 84), generator=torch.Generator().manual_seed(2)).float()
+    obs = obs.expand(32, -1, -1, -1)
+    actions = torch.arange(32) % N_ACT
+    advantages = (actions == 0).float() - (actions == 1).float()
+    with torch.no_grad():
+        _, logprobs, _, values = agent.network.get_action_and_value(obs, actions)
+    values = values.flatten()
+    returns = values + 1.0
+    for _ in range(10):
+        update(obs, actions, logprobs, advantages, returns, values)
+    with torch.no_grad():
+        _, new_logprobs, _, new_values = agent.network.get_action_and_value(obs, actions)
+    change = new_logprobs - logprobs
+    assert change[actions == 0].min() > 0 > change[actions == 1].max()
+    assert (new_values.flatten() - returns).abs().max() < 1.0
+
+
+def run_bad_input(name, argv, capsys):
+    """Run main() in this process (far quicker than a new one) on input it must refuse."""
+    with pytest.raises(SystemExit) as exit_info:
+        load_script(name).main(argv)
+    return SimpleNamespace(returncode=exit_info.value.code, stderr=capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("name", [BASE, FAST])
+@pytest.mark.parametrize(
+    "argv, fragments",
+    [
+        (["--env-id", "NoSuchGame-v5"], ["NoSuchGame-v5"]),
+        (["--env-id", "CartPole-v1"], ["CartPole-v1", "Atari"]),
+        (["--num-minibatches", "3"], ["--num-minibatches", "evenly"]),
+        (["--num-envs", "0"], ["--num-envs"]),
+        (["--num-steps", "-1"], ["--num-steps"]),
+        (["--update-epochs", "0"], ["--update-epochs"]),
+        (["--target-kl", "0"], ["--target-kl"]),
+        (["--total-timesteps", "100"], ["--total-timesteps"]),
+    ],
+)
+def test_bad_input(name, argv, fragments, capsys):
+    proc = run_bad_input(name, argv, capsys)
+    assert proc.returncode == 2
+    assert_one_line_error(proc, *fragments)
+
+
+@pytest.mark.parametrize("name", [BASE, FAST])
+def test_bad_input_cli(name):
+    proc = run_cli(name, "--env-id", "NoSuchGame-v5")
+    assert proc.returncode == 2
+    assert_one_line_error(proc, "NoSuchGame-v5")
+
+
+def test_cudagraphs_without_cuda_warns_once(capsys):
+    record = load_script(FAST).main(TINY + ["--cudagraphs", "--no-cuda"])
+    captured = capsys.readouterr()
+    assert captured.err.count("--cudagraphs needs CUDA") == 1
+    assert record["cudagraphs"] is False and json.loads(captured.out.strip().splitlines()[-1]) == record

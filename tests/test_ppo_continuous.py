@@ -1,0 +1,342 @@
+"""PPO continuous: both scripts through full iterations in every mode, GAE and update equivalence of the
+compiled variant with the baseline, bootstrapping at truncations, a learning test, bad input."""
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from conftest import (
+    MODES, assert_one_line_error, assert_same_update, load_script, requires_cuda, run_cli, run_main,
+)  # fmt: skip
+
+BASE, FAST = "ppo_continuous_action", "ppo_continuous_action_torchcompile"
+# Pendulum-v1 (3 observations, 1 action, episodes truncated at 200 steps), 2 envs x 100 steps a rollout,
+# minibatches of 50. One iteration past the warm-up ones reaches the fps window and ends an episode in each env.
+# The equivalence tests use the same shapes, so the compiled ones find the TINY runs' graphs in Inductor's cache.
+N_OBS, N_ACT, NUM_ENVS, NUM_STEPS, MINIBATCH = 3, 1, 2, 100, 50
+ITERATIONS = load_script(BASE).WARMUP_ITERATIONS + 1
+TOTAL = ITERATIONS * NUM_ENVS * NUM_STEPS
+TINY = ["--env-id", "Pendulum-v1", "--num-envs", str(NUM_ENVS), "--num-steps", str(NUM_STEPS),
+        "--num-minibatches", str(NUM_ENVS * NUM_STEPS // MINIBATCH), "--update-epochs", "2",
+        "--total-timesteps", str(TOTAL)]  # fmt: skip
+
+
+@pytest.fixture
+def eager_random():
+    """Inductor draws random numbers as eager code does, so compiled and eager runs compare draw for draw."""
+    with torch._inductor.config.patch(fallback_random=True):
+        yield
+
+
+def check_record(record):
+    assert record["fps"] > 0 and record["warmup_seconds"] > 0
+    # Pendulum's own rewards lie in [-16.3, 0]: these are raw returns of 200-step episodes, not normalized ones.
+    assert -16.3 * 200 < record["episodic_return"] < -200
+    steps = [point[0] for point in record["return_curve"]]
+    assert steps == sorted(steps) and steps[-1] == record["total_timesteps"] == TOTAL
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [[], ["--target-kl", "1e-4", "--no-anneal-lr", "--no-norm-adv", "--no-clip-vloss", "--ent-coef", "0.01"]],
+    ids=["defaults", "options"],
+)
+def test_baseline_iterations(extra, capsys):
+    record = run_main(BASE, TINY + extra, capsys)
+    assert record["compile"] is False and record["cudagraphs"] is False
+    check_record(record)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: "+".join(m) or "eager")
+@pytest.mark.usefixtures("eager_random")  # as in the equivalence tests, which then reuse these graphs
+def test_compiled_iterations(mode, capsys):
+    record = run_main(FAST, TINY + mode, capsys)
+    assert record["compile"] == ("--compile" in mode)
+    # Without CUDA, --cudagraphs falls back to running without graphs and says so in the record.
+    assert record["cudagraphs"] == ("--cudagraphs" in mode and torch.cuda.is_available())
+    check_record(record)
+
+
+@pytest.mark.parametrize("name", [BASE, FAST])
+@pytest.mark.parametrize("target_kl, epochs", [(None, 2), ("1e-12", 1)], ids=["no-target-kl", "target-kl"])
+def test_target_kl_stops_epochs(name, target_kl, epochs, monkeypatch, capsys):
+    """TINY asks for 2 epochs; a --target-kl that any update exceeds stops each iteration after the first."""
+    script = load_script(name)
+    calls = []
+
+    def make_update_fns(agent, args, make=script.make_update_fns):
+        gae, update, *others = make(agent, args)
+
+        def counting_update(*minibatch):
+            calls.append(len(minibatch[0]))
+            return update(*minibatch)
+
+        return gae, counting_update, *others
+
+    monkeypatch.setattr(script, "make_update_fns", make_update_fns)
+    run_main(name, TINY + (["--target-kl", target_kl] if target_kl else []), capsys)
+    assert calls == [MINIBATCH] * (ITERATIONS * epochs * NUM_ENVS * NUM_STEPS // MINIBATCH)
+
+
+@pytest.mark.parametrize("name", [BASE, FAST])
+def test_anneal_lr(name, monkeypatch, capsys):
+    """The learning rate falls linearly from --learning-rate towards zero, once per iteration; with
+    --no-anneal-lr it stays."""
+    script = load_script(name)
+    rates = []
+    set_learning_rate = script.Agent.set_learning_rate
+
+    def recording(agent, lr):
+        rates.append(lr)
+        set_learning_rate(agent, lr)
+
+    monkeypatch.setattr(script.Agent, "set_learning_rate", recording)
+    run_main(name, TINY + ["--learning-rate", "0.003"], capsys)
+    assert rates == pytest.approx([0.003 * (1 - i / ITERATIONS) for i in range(ITERATIONS)])
+    rates.clear()
+    run_main(name, TINY + ["--no-anneal-lr"], capsys)
+    assert rates == []
+
+
+@pytest.mark.parametrize("name", [BASE, FAST])
+def test_profile_dir(name, tmp_path, capsys):
+    record = run_main(name, TINY + ["--target-kl", "1e-4", "--profile-dir", str(tmp_path)], capsys)
+    assert record["fps"] > 0
+    trace = json.loads((tmp_path / f"{name}.trace.json").read_text())
+    names = {event.get("name") for event in trace["traceEvents"]}
+    assert {"policy", "env_step", "data", "update"} <= names
+
+
+@pytest.mark.parametrize("name", [BASE, FAST])
+def test_bootstrap_at_truncation(name):
+    """At a truncation the reward gains gamma * V(true final observation); at a termination it does not."""
+    script = load_script(name)
+    args = script.Args(env_id="Pendulum-v1", num_envs=2)
+    envs = script.make_envs(args)
+    envs.reset(seed=0)
+    envs.action_space.seed(0)
+    torch.manual_seed(0)
+    agent = script.Agent(args, N_OBS, N_ACT, torch.device("cpu"))
+    for _ in range(200):
+        next_obs, reward, terminations, truncations, infos = envs.step(envs.action_space.sample())
+    envs.close()
+    assert truncations.all() and not terminations.any()
+    final_obs = torch.as_tensor(np.stack(infos["final_obs"]), dtype=torch.float32)
+    assert not torch.allclose(final_obs, torch.as_tensor(next_obs)), "next_obs is already the reset observation"
+    with torch.no_grad():
+        agent.net.critic[-1].bias.fill_(5.0)  # values clearly away from zero, still depending on the observation
+        final_value = agent.net.get_value(final_obs).flatten().numpy()
+        next_value = agent.net.get_value(torch.as_tensor(next_obs)).flatten().numpy()
+    assert np.abs(final_value - next_value).min() > 1e-2
+    out = script.bootstrap_truncated(agent, reward, terminations, truncations, infos, args.gamma, "cpu")
+    np.testing.assert_allclose(out, reward + args.gamma * final_value, rtol=1e-6)
+    # An episode that terminates in the same step keeps its reward.
+    out = script.bootstrap_truncated(agent, reward, np.array([True, False]), truncations, infos, args.gamma, "cpu")
+    np.testing.assert_allclose(out, reward + args.gamma * final_value * [0, 1], rtol=1e-6)
+    # Nothing ended: the reward is left as it is.
+    no = np.zeros(2, dtype=bool)
+    assert script.bootstrap_truncated(agent, reward, no, no, {}, args.gamma, "cpu") is reward
+
+
+def first_rollout(name, monkeypatch, capsys):
+    """One iteration of a script, with a truncation inside: its rollout storage, and GAE's inputs and outputs."""
+    script = load_script(name)
+    seen = {}
+
+    class Recording(script.Rollout):
+        def __init__(self, *args):
+            super().__init__(*args)
+            seen["rollout"] = self
+
+    def make_update_fns(agent, args, make=script.make_update_fns):
+        gae, *others = make(agent, args)
+
+        def recording_gae(*inputs):
+            seen["gae"] = [x.clone() for x in inputs] + list(gae(*inputs))
+            return seen["gae"][-2:]
+
+        return recording_gae, *others
+
+    monkeypatch.setattr(script, "Rollout", Recording)
+    monkeypatch.setattr(script, "make_update_fns", make_update_fns)
+    run_main(name, ["--env-id", "Pendulum-v1", "--num-envs", "2", "--num-steps", "250", "--num-minibatches", "2",
+                    "--update-epochs", "1", "--total-timesteps", "500"], capsys)  # fmt: skip
+    return seen["rollout"], seen["gae"]
+
+
+def test_first_rollout_is_the_same(monkeypatch, capsys):
+    """With one seed, the first rollouts of both scripts agree slot by slot (observations, actions,
+    log-probabilities, values, rewards with the truncation bootstrap, done flags), and so do GAE's inputs and
+    outputs: this checks the compiled variant's storage and staging against the baseline's plain loop."""
+    rollout_b, gae_b = first_rollout(BASE, monkeypatch, capsys)
+    rollout_f, gae_f = first_rollout(FAST, monkeypatch, capsys)
+    for key in ("obs", "dones"):
+        torch.testing.assert_close(getattr(rollout_f, key)[:-1], getattr(rollout_b, key))
+    for key in ("actions", "logprobs", "values", "rewards"):
+        torch.testing.assert_close(getattr(rollout_f, key), getattr(rollout_b, key))
+    for x_f, x_b in zip(gae_f, gae_b, strict=True):
+        torch.testing.assert_close(x_f, x_b)
+    # Pendulum truncates its episodes after 200 steps: obs[200] starts new ones in both envs, and only it.
+    assert rollout_b.dones.sum(1).nonzero().flatten().tolist() == [200] and (rollout_b.dones[200] == 1).all()
+
+
+def make_pair(compile, cudagraphs, device, **kwargs):
+    """A baseline agent and a compiled-variant agent with identical parameters, and their functions."""
+    base, fast = load_script(BASE), load_script(FAST)
+    device = torch.device(device)
+    args_b = base.Args(**kwargs)
+    args_f = fast.Args(compile=compile, cudagraphs=cudagraphs, **kwargs)
+    torch.manual_seed(0)
+    agent_b = base.Agent(args_b, N_OBS, N_ACT, device)
+    agent_f = fast.Agent(args_f, N_OBS, N_ACT, device)
+    agent_f.net.load_state_dict(agent_b.net.state_dict())
+    return (agent_b, base.make_update_fns(agent_b, args_b)), (agent_f, fast.make_update_fns(agent_f, args_f))
+
+
+def check_gae(compile, cudagraphs, device, num_steps, num_envs, calls=1):
+    """Same rewards, values, dones and next observation: the same advantages and returns. Several calls with
+    new data each, so that graph replays are covered."""
+    (_, (gae_b, _)), (_, (gae_f, _, _)) = make_pair(compile, cudagraphs, device, num_steps=num_steps)
+    tol = 1e-5 if device == "cpu" else 1e-4  # GPU kernels of compiled and eager code round differently
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(calls):
+        next_obs = torch.randn(num_envs, N_OBS, generator=gen)
+        rewards, values = torch.randn(2, num_steps, num_envs, generator=gen)
+        dones = (torch.rand(num_steps, num_envs, generator=gen) < 0.1).float()
+        dones[0, 0] = 1.0
+        next_done = (torch.arange(num_envs) == 1).float()
+        inputs = [x.to(device) for x in (next_obs, next_done, rewards, values, dones)]
+        expected = gae_b(*inputs)
+        for out, ref in zip(gae_f(*inputs), expected):
+            torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
+    advantages = expected[0].cpu()
+    # The dones cut the sums: the last advantage of an env whose next observation starts an episode is its delta.
+    torch.testing.assert_close(advantages[-1, 1], (rewards[-1, 1] - values[-1, 1]).cpu())
+
+
+@pytest.mark.parametrize("num_steps", [1, 37, 64])
+def test_gae_equivalence(num_steps):
+    check_gae(compile=False, cudagraphs=False, device="cpu", num_steps=num_steps, num_envs=3)
+
+
+@pytest.mark.usefixtures("eager_random")
+def test_gae_equivalence_compiled():
+    check_gae(compile=True, cudagraphs=False, device="cpu", num_steps=NUM_STEPS, num_envs=NUM_ENVS)
+
+
+def check_update(compile, cudagraphs, device, updates=4, **kwargs):
+    """Same parameters and minibatches: each update gives the same statistics and parameters in both scripts,
+    with the learning rate changed between updates (annealing), over several updates so that the optimizer state
+    and graph replays are covered. The acting policy of the compiled variant sees the trained weights: its first
+    action is the baseline's draw for draw, and each call's log-probability and value are the baseline's."""
+    (agent_b, (_, update_b)), (agent_f, (_, update_f, policy_f)) = make_pair(
+        compile, cudagraphs, device, learning_rate=1e-2, **kwargs
+    )
+    tol = 1e-5 if device == "cpu" else 1e-3  # GPU kernels of compiled and eager code round differently
+    initial = [p.detach().clone() for p in agent_f.net.parameters()]
+    gen = torch.Generator().manual_seed(1)
+    for i in range(updates):
+        obs = torch.randn(MINIBATCH, N_OBS, generator=gen).to(device)
+        actions = torch.randn(MINIBATCH, N_ACT, generator=gen).to(device)
+        with torch.no_grad():
+            _, logprobs, _, values = agent_b.net.get_action_and_value(obs, actions)
+        # Old log-probabilities off by up to 0.3, so that some ratios are clipped.
+        logprobs = logprobs + (torch.rand(MINIBATCH, generator=gen).to(device) - 0.5) * 0.6
+        advantages, returns = torch.randn(2, MINIBATCH, generator=gen).to(device)
+        minibatch = (obs, actions, logprobs, advantages, returns, values.flatten())
+        for agent in (agent_b, agent_f):
+            agent.set_learning_rate(1e-2 / (i + 1))
+        stats_b = update_b(*minibatch)
+        stats_f = update_f(*minibatch)
+        torch.testing.assert_close(stats_f, stats_b, atol=tol, rtol=tol)
+        for p0, (name, p_b), p_f in zip(initial, agent_b.net.named_parameters(), agent_f.net.parameters()):
+            assert_same_update(p0, p_b.detach(), p_f.detach(), name=name)
+    clipfrac = load_script(BASE).STATS.index("clipfrac")
+    assert 0 < stats_b[clipfrac] < 1
+    assert all(not torch.equal(p0, p) for p0, p in zip(initial, agent_f.net.parameters()))
+    obs = obs[:NUM_ENVS]
+    torch.manual_seed(5)
+    with torch.no_grad():
+        expected_action = agent_b.net.get_action_and_value(obs)[0]
+    for call in range(4):  # with --cudagraphs: warm-up calls, capture, replay
+        torch.manual_seed(5)
+        action, logprob, value = policy_f(obs)
+        if call == 0:
+            torch.testing.assert_close(action, expected_action, atol=tol, rtol=tol)
+        with torch.no_grad():
+            _, expected_logprob, _, expected_value = agent_b.net.get_action_and_value(obs, action)
+        torch.testing.assert_close(logprob, expected_logprob, atol=tol, rtol=tol)
+        torch.testing.assert_close(value, expected_value.flatten(), atol=tol, rtol=tol)
+    assert not any(p.requires_grad for p in agent_f.inference.parameters())
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"norm_adv": False, "clip_vloss": False, "ent_coef": 0.01}], ids=["defaults", "options"]
+)
+def test_update_equivalence(kwargs):
+    check_update(compile=False, cudagraphs=False, device="cpu", **kwargs)
+
+
+@pytest.mark.usefixtures("eager_random")
+def test_update_equivalence_compiled():
+    check_update(compile=True, cudagraphs=False, device="cpu")
+
+
+@requires_cuda
+@pytest.mark.parametrize("compile", [False, True], ids=["cudagraphs", "compile+cudagraphs"])
+@pytest.mark.usefixtures("eager_random")
+def test_equivalence_cuda(compile):
+    check_gae(compile, cudagraphs=True, device="cuda", num_steps=2048, num_envs=8, calls=4)
+    check_update(compile, cudagraphs=True, device="cuda", updates=5)
+
+
+@pytest.mark.parametrize("name", [BASE, FAST])
+def test_learns_inverted_pendulum(name, capsys):
+    """4096 steps lift InvertedPendulum's return from about 8 (random policy) to about 100 on this CPU; a broken
+    update stays near the random return (the policy loss with its sign flipped: about 3)."""
+    record = run_main(name, ["--env-id", "InvertedPendulum-v4", "--num-envs", "2", "--num-steps", "128",
+                             "--num-minibatches", "4", "--learning-rate", "1e-3", "--total-timesteps", "4096"],
+                      capsys)  # fmt: skip
+    assert record["episodic_return"] > 40
+
+
+BAD_INPUT = [
+    (["--env-id", "NoSuchEnv-v0"], ["NoSuchEnv-v0"]),
+    (["--env-id", "CartPole-v1"], ["CartPole-v1", "continuous"]),
+    (["--num-steps", "100", "--num-minibatches", "32"], ["--num-envs * --num-steps", "100", "--num-minibatches"]),
+    (["--num-steps", "8", "--num-minibatches", "8"], ["--num-minibatches", "--norm-adv"]),
+    (["--num-envs", "0"], ["--num-envs"]),
+    (["--num-steps", "-1"], ["--num-steps"]),
+    (["--num-minibatches", "0"], ["--num-minibatches"]),
+    (["--update-epochs", "0"], ["--update-epochs"]),
+    (["--learning-rate", "0"], ["--learning-rate"]),
+    (["--gamma", "1.5"], ["--gamma"]),
+    (["--total-timesteps", "1000"], ["--total-timesteps", "2048"]),
+    (["--target-kl", "-0.1"], ["--target-kl"]),
+]
+
+
+@pytest.mark.parametrize("name", [BASE, FAST])
+@pytest.mark.parametrize("argv, fragments", BAD_INPUT, ids=[" ".join(argv) for argv, _ in BAD_INPUT])
+def test_bad_input(name, argv, fragments, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        load_script(name).main(argv)
+    assert exit_info.value.code == 2
+    assert_one_line_error(SimpleNamespace(returncode=2, stderr=capsys.readouterr().err), *fragments)
+
+
+@pytest.mark.parametrize("name", [BASE, FAST])
+def test_bad_input_cli(name):
+    """As a user sees it: exit code 2 and one line, no traceback."""
+    proc = run_cli(name, "--num-steps", "100", "--num-minibatches", "32")
+    assert proc.returncode == 2
+    assert_one_line_error(proc, "--num-minibatches")
+
+
+def test_cudagraphs_without_cuda_warns_once():
+    proc = run_cli(FAST, *TINY, "--cudagraphs", "--no-cuda")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("--cudagraphs needs CUDA") == 1
+    assert '"cudagraphs": false' in proc.stdout.strip().splitlines()[-1]
