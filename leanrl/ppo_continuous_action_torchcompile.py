@@ -367,6 +367,8 @@ def main(argv=None):
             if args.profile_dir:
                 profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA][: 1 + (device.type == "cuda")])
                 profiler.start()
+                # One env_step call steps every env: the breakdown tool counts env steps as the record does.
+                profiler.add_metadata_json("env_steps_per_call", str(args.num_envs))
 
         with phase("update"):
             if args.anneal_lr:

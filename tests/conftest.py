@@ -65,3 +65,11 @@ def assert_same_update(before, expected, actual, rtol=5e-2, name=""):
     change = (expected.double() - before.double()).norm()
     gap = (actual.double().to(expected.device) - expected.double()).norm()
     assert gap <= rtol * change + 1e-7, f"{name}: gap {gap:.3g} against a change of {change:.3g}"
+
+
+def assert_cudagraphs_fallback(name, *argv):
+    """--cudagraphs without CUDA: one warning line, a normal run, and a record that says no graphs were used."""
+    proc = run_cli(name, *argv, "--cudagraphs", "--no-cuda")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("--cudagraphs needs CUDA") == 1
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["cudagraphs"] is False

@@ -9,8 +9,15 @@ import numpy as np
 import pytest
 import torch
 from conftest import (
-    MODES, assert_one_line_error, assert_same_update, load_script, requires_cuda, run_cli, run_main,
-)  # fmt: skip
+    MODES,
+    assert_cudagraphs_fallback,
+    assert_one_line_error,
+    assert_same_update,
+    load_script,
+    requires_cuda,
+    run_cli,
+    run_main,
+)
 
 BASE, FAST = "ppo_atari_envpool", "ppo_atari_envpool_torchcompile"
 NUM_ENVS, NUM_STEPS, N_ACT = 2, 16, 4
@@ -277,8 +284,5 @@ def test_bad_input_cli(name):
     assert_one_line_error(proc, "NoSuchGame-v5")
 
 
-def test_cudagraphs_without_cuda_warns_once(capsys):
-    record = load_script(FAST).main(TINY + ["--cudagraphs", "--no-cuda"])
-    captured = capsys.readouterr()
-    assert captured.err.count("--cudagraphs needs CUDA") == 1
-    assert record["cudagraphs"] is False and json.loads(captured.out.strip().splitlines()[-1]) == record
+def test_cudagraphs_without_cuda_warns_once():
+    assert_cudagraphs_fallback(FAST, *TINY)

@@ -8,8 +8,15 @@ import numpy as np
 import pytest
 import torch
 from conftest import (
-    MODES, assert_one_line_error, assert_same_update, load_script, requires_cuda, run_cli, run_main,
-)  # fmt: skip
+    MODES,
+    assert_cudagraphs_fallback,
+    assert_one_line_error,
+    assert_same_update,
+    load_script,
+    requires_cuda,
+    run_cli,
+    run_main,
+)
 
 BASE, FAST = "ppo_continuous_action", "ppo_continuous_action_torchcompile"
 # Pendulum-v1 (3 observations, 1 action, episodes truncated at 200 steps), 2 envs x 100 steps a rollout,
@@ -336,7 +343,4 @@ def test_bad_input_cli(name):
 
 
 def test_cudagraphs_without_cuda_warns_once():
-    proc = run_cli(FAST, *TINY, "--cudagraphs", "--no-cuda")
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.count("--cudagraphs needs CUDA") == 1
-    assert '"cudagraphs": false' in proc.stdout.strip().splitlines()[-1]
+    assert_cudagraphs_fallback(FAST, *TINY)

@@ -5,8 +5,15 @@ import numpy as np
 import pytest
 import torch
 from conftest import (
-    MODES, assert_one_line_error, assert_same_update, load_script, requires_cuda, run_cli, run_main,
-)  # fmt: skip
+    MODES,
+    assert_cudagraphs_fallback,
+    assert_one_line_error,
+    assert_same_update,
+    load_script,
+    requires_cuda,
+    run_cli,
+    run_main,
+)
 from tensordict import from_modules
 
 BASE, FAST = "sac_continuous_action", "sac_continuous_action_torchcompile"
@@ -148,7 +155,4 @@ def test_bad_input(name, argv, fragments):
 
 
 def test_cudagraphs_without_cuda_warns_once():
-    proc = run_cli(FAST, *TINY, "--cudagraphs", "--no-cuda")
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.count("--cudagraphs needs CUDA") == 1
-    assert '"cudagraphs": false' in proc.stdout.strip().splitlines()[-1]
+    assert_cudagraphs_fallback(FAST, *TINY)
