@@ -55,11 +55,11 @@ for s in "${SCRIPT_LIST[@]}"; do
   [ -f "$ROOT/leanrl/$s.py" ] || fail "no script leanrl/$s.py"
 done
 
-# Short horizons per algorithm: off-policy scripts learn from step 1000 and measure the 3800 steps after their
+# Short horizons per algorithm: off-policy scripts learn from step 500 and measure the 1800 steps after their
 # WARMUP_STEPS; PPO runs 10 (continuous, 2048 steps) or 20 (Atari, 8 envs x 128 steps) iterations.
 quick_args() {
   case "$1" in
-    sac_* | td3_*) echo "--total-timesteps 5000 --learning-starts 1000" ;;
+    sac_* | td3_*) echo "--total-timesteps 2500 --learning-starts 500" ;;
     ppo_*) echo "--total-timesteps 20480" ;;
     *) echo "--total-timesteps 10000" ;;
   esac
