@@ -16,6 +16,13 @@ RECORD_KEYS = {
     "script", "env_id", "seed", "compile", "cudagraphs", "device", "gpu", "cpu_count", "torch",
     "total_timesteps", "fps", "fps_overall", "warmup_seconds", "wall_seconds", "episodic_return", "return_curve",
 }  # fmt: skip
+# Bad input that every off-policy script (SAC, TD3) refuses: (argv, fragments the error line must name).
+OFF_POLICY_BAD_INPUT = [
+    (["--env-id", "NoSuchEnv-v0"], ["NoSuchEnv-v0"]),
+    (["--env-id", "CartPole-v1"], ["CartPole-v1", "continuous"]),
+    (["--batch-size", "0"], ["--batch-size"]),
+    (["--learning-starts", "2000", "--total-timesteps", "1000"], ["--learning-starts"]),
+]
 # The four modes of a compiled script.
 MODES = [[], ["--compile"], ["--cudagraphs"], ["--compile", "--cudagraphs"]]
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

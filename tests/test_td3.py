@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import (
     MODES,
+    OFF_POLICY_BAD_INPUT,
     assert_cudagraphs_fallback,
     assert_one_line_error,
     assert_same_update,
@@ -170,12 +171,9 @@ def test_learns_pendulum(name, capsys):
 @pytest.mark.parametrize("name", [BASE, FAST])
 @pytest.mark.parametrize(
     "argv, fragments",
-    [
-        (["--env-id", "NoSuchEnv-v0"], ["NoSuchEnv-v0"]),
-        (["--env-id", "CartPole-v1"], ["CartPole-v1", "continuous"]),
-        (["--batch-size", "0"], ["--batch-size"]),
+    OFF_POLICY_BAD_INPUT
+    + [
         (["--exploration-noise", "-0.1"], ["--exploration-noise"]),
-        (["--learning-starts", "2000", "--total-timesteps", "1000"], ["--learning-starts"]),
     ],
 )
 def test_bad_input(name, argv, fragments):
