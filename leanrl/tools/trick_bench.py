@@ -1,6 +1,7 @@
 """Time the speed tricks that have no flag of their own, each in isolation: the same computation written the
 plain way (before) and with the trick (after), at SAC's sizes on HalfCheetah (17 observations, 6 actions,
-256-wide MLPs, batch 256). Before timing, each pair is checked to compute the same result.
+256-wide MLPs, batch 256), and PPO Atari's env step (Breakout, 8 envs). Before timing, each pair is checked to
+compute the same result.
 
     python leanrl/tools/trick_bench.py [--device cuda] [--iters 2000] [--out FILE.md]
 
@@ -13,6 +14,7 @@ import argparse
 import sys
 import time
 
+import envpool
 import numpy as np
 import torch
 import torch.nn as nn
@@ -162,12 +164,47 @@ def alpha_on_device(device):
     return before, after, lambda f: (f().detach(),)
 
 
+def envpool_overlap(device):
+    """envpool's step and then the rollout writes, against send, the writes while the envs step, recv."""
+
+    def make():
+        envs = envpool.make(
+            "Breakout-v5", env_type="gymnasium", num_envs=8, episodic_life=True, reward_clip=True, seed=1
+        )
+        envs.reset()
+        return envs
+
+    plain, split = make(), make()
+    actions = np.random.default_rng(0).integers(0, plain.action_space.n, 8)
+    action_t = torch.as_tensor(actions, device=device)
+    value, logprob = torch.randn(8, device=device), torch.randn(8, device=device)
+    storage = torch.zeros(3, 8, device=device)
+
+    def writes():  # what PPO Atari's twin writes into its rollout each step
+        storage[0] = value
+        storage[1] = action_t
+        storage[2] = logprob
+
+    def before():
+        obs = plain.step(actions)[0]
+        writes()
+        return obs
+
+    def after():
+        split.send(actions)
+        writes()
+        return split.recv()[0]
+
+    return before, after, lambda f: (f(),)
+
+
 TRICKS = {
     "acting copy without autograd (from_module)": acting_copy,
     "twin Q as one vmap (from_modules)": vmap_ensemble,
     "target update as one lerp_": lerp_targets,
     "on-device replay buffer sample": device_buffer,
     "alpha kept on the device (no .item())": alpha_on_device,
+    "envpool send/recv around the rollout writes": envpool_overlap,
 }
 
 
