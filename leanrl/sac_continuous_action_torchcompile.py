@@ -314,6 +314,11 @@ def main(argv=None):
     curve_every = max(1000, args.total_timesteps // 50)
     window_start = min(args.learning_starts + WARMUP_STEPS, args.total_timesteps)
     t_window = profiler = None
+
+    def act(obs):
+        return policy(torch.as_tensor(obs, device=device, dtype=torch.float32)).cpu().numpy()
+
+    next_actions = None
     pbar = tqdm.tqdm(range(args.total_timesteps), mininterval=1.0)
     for global_step in pbar:
         if global_step == window_start:
@@ -330,9 +335,10 @@ def main(argv=None):
         with phase("policy"):
             if global_step < args.learning_starts:
                 actions = envs.action_space.sample()
+            elif next_actions is not None:  # chosen ahead, before the last (critic-only) update
+                actions, next_actions = next_actions, None
             else:
-                actions = policy(torch.as_tensor(obs, device=device, dtype=torch.float32))
-                actions = actions.cpu().numpy()
+                actions = act(obs)
 
         with phase("env_step"):
             next_obs, rewards, terminations, truncations, infos = envs.step(actions)
@@ -350,11 +356,17 @@ def main(argv=None):
             obs = next_obs
 
         if global_step >= args.learning_starts:
+            actor_update = global_step % args.policy_frequency == 0
+            if not actor_update and global_step + 1 < args.total_timesteps:
+                # This update leaves the actor as it is: act for the next step now, so that the env steps
+                # while the device runs the critic update.
+                with phase("policy"):
+                    next_actions = act(obs)
             with phase("data"):
                 obs_b, actions_b, rewards_b, next_obs_b, dones_b = rb.sample(args.batch_size)
             with phase("update"):
                 q_info = update_critic(obs_b, actions_b, rewards_b, next_obs_b, dones_b)
-                if global_step % args.policy_frequency == 0:  # TD3-style delayed update
+                if actor_update:  # TD3-style delayed update
                     actor_info = update_actor(obs_b)
                 if global_step % args.target_network_frequency == 0:
                     update_targets()

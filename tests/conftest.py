@@ -80,3 +80,55 @@ def assert_cudagraphs_fallback(name, *argv):
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("--cudagraphs needs CUDA") == 1
     assert json.loads(proc.stdout.strip().splitlines()[-1])["cudagraphs"] is False
+
+
+def assert_acts_with_current_actor(name, argv, monkeypatch, capsys):
+    """SAC's and TD3's twins choose the next action before an update that leaves the actor unchanged. Check,
+    running the twin without flags: from learning starts on, each env step takes the action of the one policy
+    call made since the previous env step, no actor update comes after that call, and some calls do come before
+    a critic update (the acting ahead happens)."""
+    module = load_script(name)
+    make_update_fns, make_envs = module.make_update_fns, module.make_envs
+    events = []
+
+    def logged(fn):
+        def call(*args):
+            out = fn(*args)
+            events.append((fn.__name__, out))
+            return out
+
+        return call
+
+    def logged_envs(*args):
+        envs = make_envs(*args)
+        step = envs.step
+
+        def logged_step(actions):
+            events.append(("env_step", actions))
+            return step(actions)
+
+        envs.step = logged_step
+        return envs
+
+    monkeypatch.setattr(module, "make_update_fns", lambda *args: tuple(map(logged, make_update_fns(*args))))
+    monkeypatch.setattr(module, "make_envs", logged_envs)
+    run_main(name, argv, capsys)
+
+    learning_starts = int(argv[argv.index("--learning-starts") + 1])
+    segment, env_steps, acted_ahead = [], 0, 0
+    for event, value in events:
+        if event != "env_step":
+            segment.append((event, value))
+            continue
+        calls = [e for e, _ in segment]
+        if env_steps < learning_starts:
+            assert "policy" not in calls, f"step {env_steps}: random actions before learning starts"
+        else:
+            assert calls.count("policy") == 1, f"step {env_steps}: {calls}"
+            chosen = calls.index("policy")
+            assert not any(c.startswith("update_actor") for c in calls[chosen:]), f"step {env_steps}: {calls}"
+            acted_ahead += "update_critic" in calls[chosen:]
+            assert torch.equal(torch.as_tensor(value), segment[chosen][1].cpu()), f"step {env_steps}: stale action"
+        segment, env_steps = [], env_steps + 1
+    assert env_steps == int(argv[argv.index("--total-timesteps") + 1])
+    assert acted_ahead > 0

@@ -7,6 +7,7 @@ import torch
 from conftest import (
     MODES,
     OFF_POLICY_BAD_INPUT,
+    assert_acts_with_current_actor,
     assert_cudagraphs_fallback,
     assert_one_line_error,
     assert_same_update,
@@ -128,6 +129,10 @@ def test_equivalence_with_baseline(compile, autotune):
 def test_equivalence_with_baseline_cuda(compile):
     torch._inductor.config.fallback_random = True
     check_equivalence(compile, cudagraphs=True, autotune=True, device=torch.device("cuda"))
+
+
+def test_acts_ahead_with_the_current_actor(monkeypatch, capsys):
+    assert_acts_with_current_actor(FAST, TINY, monkeypatch, capsys)
 
 
 @pytest.mark.parametrize("name", [BASE, FAST])

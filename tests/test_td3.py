@@ -9,6 +9,7 @@ import torch
 from conftest import (
     MODES,
     OFF_POLICY_BAD_INPUT,
+    assert_acts_with_current_actor,
     assert_cudagraphs_fallback,
     assert_one_line_error,
     assert_same_update,
@@ -157,6 +158,10 @@ def test_equivalence_with_baseline_cuda(compile):
     torch._inductor.config.fallback_random = True
     # Enough updates that each function is warmed up, captured and then replayed (warm-up is 2 or 3 calls).
     check_equivalence(compile, cudagraphs=True, device=torch.device("cuda"), updates=6)
+
+
+def test_acts_ahead_with_the_current_actor(monkeypatch, capsys):
+    assert_acts_with_current_actor(FAST, TINY, monkeypatch, capsys)
 
 
 @pytest.mark.parametrize("name", [BASE, FAST])
