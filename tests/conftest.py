@@ -23,6 +23,8 @@ OFF_POLICY_BAD_INPUT = [
     (["--batch-size", "0"], ["--batch-size"]),
     (["--learning-starts", "2000", "--total-timesteps", "1000"], ["--learning-starts"]),
 ]
+# A tiny off-policy run (SAC, TD3) that passes learning starts, warm-up and a measured window.
+OFF_POLICY_TINY = ["--total-timesteps", "320", "--learning-starts", "64", "--batch-size", "16", "--buffer-size", "1000"]
 # The four modes of a compiled script.
 MODES = [[], ["--compile"], ["--cudagraphs"], ["--compile", "--cudagraphs"]]
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -44,6 +46,15 @@ def run_main(name, argv, capsys):
     assert json.loads(lines[-1]) == record, "the last stdout line must be the speed record"
     assert set(record) == RECORD_KEYS
     assert record["script"] == name and record["total_timesteps"] > 0
+    return record
+
+
+def run_mode(name, argv, mode, capsys):
+    """Run a compiled twin in one of MODES; its record says which flags took effect and return it."""
+    record = run_main(name, argv + mode, capsys)
+    assert record["compile"] == ("--compile" in mode)
+    # Without CUDA, --cudagraphs falls back to running without graphs and says so in the record.
+    assert record["cudagraphs"] == ("--cudagraphs" in mode and torch.cuda.is_available())
     return record
 
 

@@ -17,6 +17,7 @@ from conftest import (
     requires_cuda,
     run_cli,
     run_main,
+    run_mode,
 )
 
 BASE, FAST = "ppo_atari_envpool", "ppo_atari_envpool_torchcompile"
@@ -36,10 +37,7 @@ def test_baseline_iterations(capsys):
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: "+".join(m) or "eager")
 def test_compiled_iterations(mode, capsys):
-    record = run_main(FAST, TINY + mode, capsys)
-    assert record["compile"] == ("--compile" in mode)
-    # Without CUDA, --cudagraphs falls back to running without graphs and says so in the record.
-    assert record["cudagraphs"] == ("--cudagraphs" in mode and torch.cuda.is_available())
+    record = run_mode(FAST, TINY, mode, capsys)
     assert record["total_timesteps"] == 128 and record["fps"] > 0
 
 

@@ -16,6 +16,7 @@ from conftest import (
     requires_cuda,
     run_cli,
     run_main,
+    run_mode,
 )
 
 BASE, FAST = "ppo_continuous_action", "ppo_continuous_action_torchcompile"
@@ -59,10 +60,7 @@ def test_baseline_iterations(extra, capsys):
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: "+".join(m) or "eager")
 @pytest.mark.usefixtures("eager_random")  # as in the equivalence tests, which then reuse these graphs
 def test_compiled_iterations(mode, capsys):
-    record = run_main(FAST, TINY + mode, capsys)
-    assert record["compile"] == ("--compile" in mode)
-    # Without CUDA, --cudagraphs falls back to running without graphs and says so in the record.
-    assert record["cudagraphs"] == ("--cudagraphs" in mode and torch.cuda.is_available())
+    record = run_mode(FAST, TINY, mode, capsys)
     check_record(record)
 
 

@@ -9,6 +9,7 @@ import torch
 from conftest import (
     MODES,
     OFF_POLICY_BAD_INPUT,
+    OFF_POLICY_TINY,
     assert_acts_with_current_actor,
     assert_cudagraphs_fallback,
     assert_one_line_error,
@@ -17,11 +18,12 @@ from conftest import (
     requires_cuda,
     run_cli,
     run_main,
+    run_mode,
 )
 from tensordict import from_module, from_modules
 
 BASE, FAST = "td3_continuous_action", "td3_continuous_action_torchcompile"
-TINY = ["--total-timesteps", "320", "--learning-starts", "64", "--batch-size", "16", "--buffer-size", "1000"]
+TINY = OFF_POLICY_TINY
 
 
 def test_baseline_update_path(capsys):
@@ -31,10 +33,7 @@ def test_baseline_update_path(capsys):
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: "+".join(m) or "eager")
 def test_compiled_update_path(mode, capsys):
-    record = run_main(FAST, TINY + mode, capsys)
-    assert record["compile"] == ("--compile" in mode)
-    # Without CUDA, --cudagraphs falls back to running without graphs and says so in the record.
-    assert record["cudagraphs"] == ("--cudagraphs" in mode and torch.cuda.is_available())
+    record = run_mode(FAST, TINY, mode, capsys)
     assert record["fps"] > 0
 
 
