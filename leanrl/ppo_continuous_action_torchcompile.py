@@ -1,5 +1,5 @@
-# PPO for continuous actions, as CleanRL defines it, made fast: rollout storage preallocated on the device, GAE as
-# a parallel scan, a tensor learning rate annealed in place, torch.compile and CUDA graphs.
+# PPO for continuous actions, as CleanRL defines it, made fast: the rollout gathered in pinned host memory and moved
+# once, GAE as a parallel scan, a tensor learning rate annealed in place, torch.compile and CUDA graphs.
 # Docs: docs/ppo_continuous.md
 import json
 import os
@@ -20,6 +20,7 @@ import tqdm
 import tyro
 from tensordict import from_module
 from tensordict.nn import CudaGraphModule
+from gymnasium.wrappers.utils import RunningMeanStd
 from torch.distributions.normal import Normal
 from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -117,6 +118,15 @@ def check_args(args):
         fail(f"--target-kl must be positive, got {args.target_kl}")
 
 
+class RunningMeanStdOfOne(RunningMeanStd):
+    """gymnasium's running mean and variance, updated in closed form: the normalisation wrappers pass one sample
+    at a time, whose mean is the sample and whose variance is zero. The same numbers without numpy's mean and
+    var reductions, which are the largest cost of the wrapped env with one env."""
+
+    def update(self, x):
+        self.update_from_moments(x[0], np.zeros_like(x[0]), 1)
+
+
 def make_env(env_id, gamma):
     def thunk():
         env = gym.make(env_id)
@@ -128,8 +138,10 @@ def make_env(env_id, gamma):
         env = gym.wrappers.RecordEpisodeStatistics(env)
         env = gym.wrappers.ClipAction(env)
         env = gym.wrappers.NormalizeObservation(env)
+        env.obs_rms = RunningMeanStdOfOne(shape=env.obs_rms.mean.shape, dtype=env.obs_rms.mean.dtype)
         env = gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)
         env = gym.wrappers.NormalizeReward(env, gamma=gamma)
+        env.return_rms = RunningMeanStdOfOne(shape=())
         env = gym.wrappers.TransformReward(env, lambda reward: np.clip(reward, -10, 10))
         return env
 
@@ -190,21 +202,32 @@ class ActorCritic(nn.Module):
 
 
 class Rollout:
-    """One rollout of num_steps steps of num_envs envs, preallocated on the device.
+    """One rollout of num_steps steps of num_envs envs. The loop writes each step into pinned host memory (host,
+    numpy views of it) and to_device moves the whole rollout with one copy per tensor.
 
     obs and dones have one more row: the observation after the last step, which GAE bootstraps from and the next
-    rollout starts with. The env's rewards and dones are gathered on the host and copied over once per rollout.
+    rollout starts with.
     """
 
     def __init__(self, num_steps, num_envs, n_obs, n_act, device):
-        self.obs = torch.zeros((num_steps + 1, num_envs, n_obs), device=device)
-        self.actions = torch.zeros((num_steps, num_envs, n_act), device=device)
-        self.logprobs = torch.zeros((num_steps, num_envs), device=device)
-        self.rewards = torch.zeros((num_steps, num_envs), device=device)
-        self.dones = torch.zeros((num_steps + 1, num_envs), device=device)
-        self.values = torch.zeros((num_steps, num_envs), device=device)
-        self.host_rewards = np.zeros((num_steps, num_envs), dtype=np.float32)
-        self.host_dones = np.zeros((num_steps + 1, num_envs), dtype=np.float32)
+        shapes = {
+            "obs": (num_steps + 1, num_envs, n_obs),
+            "actions": (num_steps, num_envs, n_act),
+            "logprobs": (num_steps, num_envs),
+            "rewards": (num_steps, num_envs),
+            "dones": (num_steps + 1, num_envs),
+            "values": (num_steps, num_envs),
+        }
+        pinned = device.type == "cuda"
+        self.pinned = {key: torch.zeros(shape, pin_memory=pinned) for key, shape in shapes.items()}
+        self.host = {key: x.numpy() for key, x in self.pinned.items()}
+        for key, shape in shapes.items():
+            setattr(self, key, torch.zeros(shape, device=device))
+
+    def to_device(self):
+        # Blocking copies: the next rollout overwrites the host memory.
+        for key, x in self.pinned.items():
+            getattr(self, key).copy_(x)
 
 
 class Agent:
@@ -248,8 +271,9 @@ def bootstrap_truncated(agent, reward, terminations, truncations, infos, gamma, 
 
 
 def make_update_fns(agent, args):
-    """GAE over a rollout, the PPO update on one minibatch, and the policy that acts.
-    With --compile and --cudagraphs, each is compiled and captured."""
+    """GAE over a rollout, the PPO update on one minibatch, and the policy that acts. With --compile each is
+    compiled; with --cudagraphs GAE and the update are captured (the policy is captured with its copies in
+    make_act)."""
 
     def gae(next_obs, next_done, rewards, values, dones):
         """Advantages and returns; dones[t] says whether obs[t] starts a new episode."""
@@ -317,8 +341,39 @@ def make_update_fns(agent, args):
     if args.compile:
         gae, update, policy = map(torch.compile, (gae, update, policy))
     if args.cudagraphs:
-        gae, update, policy = (CudaGraphModule(f, warmup=3 if args.compile else 2) for f in (gae, update, policy))
+        gae, update = (CudaGraphModule(f, warmup=3 if args.compile else 2) for f in (gae, update))
     return gae, update, policy
+
+
+def make_act(policy, args, n_obs, n_act, device):
+    """act(obs) -> (action, logprob, value), numpy arrays in and out, for num_envs observations; the outputs are
+    overwritten by the next call.
+
+    The observations reach a fixed device tensor through pinned host memory, and the outputs come back the same
+    way. With --cudagraphs the copies are part of the captured graph: acting costs one replay and one wait for
+    the device."""
+    pinned = device.type == "cuda"
+    obs_host = torch.zeros(args.num_envs, n_obs, pin_memory=pinned)
+    obs_device = torch.zeros(args.num_envs, n_obs, device=device)
+    shapes = ((args.num_envs, n_act), args.num_envs, args.num_envs)  # action, logprob, value
+    outs_host = [torch.zeros(shape, pin_memory=pinned) for shape in shapes]
+
+    def staged():
+        obs_device.copy_(obs_host, non_blocking=True)
+        for out_host, out in zip(outs_host, policy(obs_device)):
+            out_host.copy_(out, non_blocking=True)
+
+    if args.cudagraphs:
+        staged = CudaGraphModule(staged, warmup=3 if args.compile else 2)
+
+    def act(obs):
+        obs_host.numpy()[:] = obs  # the previous act's copies are done: it waited for them
+        staged()
+        if pinned:
+            torch.cuda.current_stream(device).synchronize()
+        return [out_host.numpy() for out_host in outs_host]
+
+    return act
 
 
 def main(argv=None):
@@ -351,9 +406,10 @@ def main(argv=None):
     agent = Agent(args, n_obs, n_act, device)
     gae, update, policy = make_update_fns(agent, args)
     rollout = Rollout(args.num_steps, args.num_envs, n_obs, n_act, device)
+    act = make_act(policy, args, n_obs, n_act, device)
 
     next_obs, _ = envs.reset(seed=args.seed)
-    rollout.obs[-1].copy_(torch.from_numpy(next_obs))
+    rollout.host["obs"][-1] = next_obs
     global_step = 0
     returns = deque(maxlen=20)
     curve = []  # [global_step, seconds since start, mean return], for return-vs-time plots
@@ -377,28 +433,26 @@ def main(argv=None):
 
         with phase("data"):
             # The observation the last rollout ended in is the first of this one.
-            rollout.obs[0].copy_(rollout.obs[-1])
-            rollout.host_dones[0] = rollout.host_dones[-1]
+            rollout.host["obs"][0] = rollout.host["obs"][-1]
+            rollout.host["dones"][0] = rollout.host["dones"][-1]
         for step in range(args.num_steps):
             global_step += args.num_envs
             with phase("policy"):
-                action, logprob, value = policy(rollout.obs[step])
+                action, logprob, value = act(rollout.host["obs"][step])
 
             with phase("data"):
-                # The storage writes go after the wait for the action, so that they run while the envs step.
-                action_np = action.cpu().numpy()
-                torch._foreach_copy_(
-                    [rollout.actions[step], rollout.logprobs[step], rollout.values[step]], [action, logprob, value]
-                )
+                rollout.host["actions"][step] = action
+                rollout.host["logprobs"][step] = logprob
+                rollout.host["values"][step] = value
 
             with phase("env_step"):
-                next_obs, reward, terminations, truncations, infos = envs.step(action_np)
+                next_obs, reward, terminations, truncations, infos = envs.step(rollout.host["actions"][step])
 
             with phase("data"):
                 reward = bootstrap_truncated(agent, reward, terminations, truncations, infos, args.gamma, device)
-                rollout.host_rewards[step] = reward
-                rollout.host_dones[step + 1] = np.logical_or(terminations, truncations)
-                rollout.obs[step + 1].copy_(torch.from_numpy(next_obs), non_blocking=True)
+                rollout.host["rewards"][step] = reward
+                rollout.host["dones"][step + 1] = np.logical_or(terminations, truncations)
+                rollout.host["obs"][step + 1] = next_obs
                 if "final_info" in infos:
                     for i in np.flatnonzero(infos["_final_info"]):
                         returns.append(float(infos["final_info"]["episode"]["r"][i]))
@@ -406,8 +460,7 @@ def main(argv=None):
                             wandb.log({"charts/episodic_return": returns[-1]}, step=global_step)
 
         with phase("data"):
-            rollout.rewards.copy_(torch.from_numpy(rollout.host_rewards))
-            rollout.dones.copy_(torch.from_numpy(rollout.host_dones))
+            rollout.to_device()
         with phase("update"):
             advantages, rets = gae(
                 rollout.obs[-1], rollout.dones[-1], rollout.rewards, rollout.values, rollout.dones[:-1]

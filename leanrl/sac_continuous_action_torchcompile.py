@@ -222,7 +222,8 @@ class Agent:
 
 def make_update_fns(agent, args):
     """The three steps of a SAC update: critic, actor (with the entropy coefficient), target networks;
-    and the policy that acts. With --compile and --cudagraphs, each is compiled and captured."""
+    and the policy that acts. With --compile each is compiled; with --cudagraphs each update is captured (the
+    policy is captured with its copies in make_act)."""
 
     def update_critic(obs, actions, rewards, next_obs, dones):
         with torch.no_grad():
@@ -240,27 +241,25 @@ def make_update_fns(agent, args):
         agent.q_optimizer.step()
         return torch.stack([qf_loss, qf1_a_values.mean(), qf2_a_values.mean()]).detach()
 
-    def update_actor(obs):
-        # policy_frequency updates on the same batch, compensating for the delay
-        for _ in range(args.policy_frequency):
-            pi, log_pi, _ = agent.actor.get_action(obs)
-            min_qf_pi = agent.qvalues(agent.q_params_data, obs, pi).min(0).values
-            actor_loss = ((agent.alpha * log_pi) - min_qf_pi).mean()
+    def actor_step(obs):
+        pi, log_pi, _ = agent.actor.get_action(obs)
+        min_qf_pi = agent.qvalues(agent.q_params_data, obs, pi).min(0).values
+        actor_loss = ((agent.alpha * log_pi) - min_qf_pi).mean()
 
-            agent.actor_optimizer.zero_grad()
-            actor_loss.backward()
-            agent.actor_optimizer.step()
+        agent.actor_optimizer.zero_grad()
+        actor_loss.backward()
+        agent.actor_optimizer.step()
 
-            alpha_loss = torch.zeros((), device=obs.device)
-            if args.autotune:
-                with torch.no_grad():
-                    _, log_pi, _ = agent.actor.get_action(obs)
-                alpha_loss = (-agent.log_alpha.exp() * (log_pi + agent.target_entropy)).mean()
+        alpha_loss = torch.zeros((), device=obs.device)
+        if args.autotune:
+            with torch.no_grad():
+                _, log_pi, _ = agent.actor.get_action(obs)
+            alpha_loss = (-agent.log_alpha.exp() * (log_pi + agent.target_entropy)).mean()
 
-                agent.a_optimizer.zero_grad()
-                alpha_loss.backward()
-                agent.a_optimizer.step()
-                agent.alpha.copy_(agent.log_alpha.detach().exp())
+            agent.a_optimizer.zero_grad()
+            alpha_loss.backward()
+            agent.a_optimizer.step()
+            agent.alpha.copy_(agent.log_alpha.detach().exp())
         return torch.stack([actor_loss, alpha_loss]).detach()
 
     def update_targets():
@@ -271,12 +270,51 @@ def make_update_fns(agent, args):
         actions, _, _ = agent.actor_detach.get_action(obs)
         return actions
 
-    fns = (update_critic, update_actor, update_targets, policy)
     if args.compile:
-        fns = tuple(map(torch.compile, fns))
+        # One actor step per compiled function: its graph breaks (at the optimizer calls) cannot resume inside a
+        # loop, so a compiled loop would run eagerly.
+        update_critic, actor_step, update_targets, policy = map(
+            torch.compile, (update_critic, actor_step, update_targets, policy)
+        )
+
+    def update_actor(obs):
+        # policy_frequency updates on the same batch, compensating for the delay
+        for _ in range(args.policy_frequency):
+            info = actor_step(obs)
+        return info
+
+    fns = (update_critic, update_actor, update_targets)
     if args.cudagraphs:
         fns = tuple(CudaGraphModule(f, warmup=3 if args.compile else 2) for f in fns)
-    return fns
+    return (*fns, policy)
+
+
+def make_act(policy, args, n_obs, n_act, device):
+    """act(obs) -> action, numpy arrays in and out, for one env.
+
+    The observation reaches a fixed device tensor through pinned host memory, and the action comes back the
+    same way. With --cudagraphs both copies are part of the captured graph: acting costs one replay and one
+    wait for the device."""
+    pinned = device.type == "cuda"
+    obs_host = torch.zeros(1, n_obs, pin_memory=pinned)
+    obs_device = torch.zeros(1, n_obs, device=device)
+    action_host = torch.zeros(1, n_act, pin_memory=pinned)
+
+    def staged():
+        obs_device.copy_(obs_host, non_blocking=True)
+        action_host.copy_(policy(obs_device), non_blocking=True)
+
+    if args.cudagraphs:
+        staged = CudaGraphModule(staged, warmup=3 if args.compile else 2)
+
+    def act(obs):
+        obs_host.numpy()[:] = obs  # the previous act's copies are done: it waited for them
+        staged()
+        if pinned:
+            torch.cuda.current_stream(device).synchronize()
+        return action_host.numpy().copy()
+
+    return act
 
 
 def main(argv=None):
@@ -307,6 +345,7 @@ def main(argv=None):
     agent = Agent(args, n_obs, n_act, space.low, space.high, device)
     update_critic, update_actor, update_targets, policy = make_update_fns(agent, args)
     rb = ReplayBuffer(args.buffer_size, n_obs, n_act, device)
+    act = make_act(policy, args, n_obs, n_act, device)
 
     obs, _ = envs.reset(seed=args.seed)
     returns = deque(maxlen=20)
@@ -314,9 +353,6 @@ def main(argv=None):
     curve_every = max(1000, args.total_timesteps // 50)
     window_start = min(args.learning_starts + WARMUP_STEPS, args.total_timesteps)
     t_window = profiler = None
-
-    def act(obs):
-        return policy(torch.as_tensor(obs, device=device, dtype=torch.float32)).cpu().numpy()
 
     next_actions = None
     pbar = tqdm.tqdm(range(args.total_timesteps), mininterval=1.0)

@@ -212,7 +212,8 @@ class Agent:
 def make_update_fns(agent, args):
     """The two steps of a TD3 update: the critic; and the delayed actor step with the soft update of every
     target network, which TD3 always does together; and the policy that acts, with its exploration noise.
-    With --compile and --cudagraphs, each is compiled and captured."""
+    With --compile each is compiled; with --cudagraphs each update is captured (the policy is captured with its
+    copies in make_act)."""
 
     def update_critic(obs, actions, rewards, next_obs, dones):
         with torch.no_grad():
@@ -258,11 +259,38 @@ def make_update_fns(agent, args):
             torch.compile, (update_critic, update_actor_and_targets, policy)
         )
     if args.cudagraphs:
-        update_critic, update_actor_and_targets, policy = (
-            CudaGraphModule(f, warmup=3 if args.compile else 2)
-            for f in (update_critic, update_actor_and_targets, policy)
+        update_critic, update_actor_and_targets = (
+            CudaGraphModule(f, warmup=3 if args.compile else 2) for f in (update_critic, update_actor_and_targets)
         )
     return update_critic, update_actor_and_targets, policy
+
+
+def make_act(policy, args, n_obs, n_act, device):
+    """act(obs) -> action, numpy arrays in and out, for one env.
+
+    The observation reaches a fixed device tensor through pinned host memory, and the action comes back the
+    same way. With --cudagraphs both copies are part of the captured graph: acting costs one replay and one
+    wait for the device."""
+    pinned = device.type == "cuda"
+    obs_host = torch.zeros(1, n_obs, pin_memory=pinned)
+    obs_device = torch.zeros(1, n_obs, device=device)
+    action_host = torch.zeros(1, n_act, pin_memory=pinned)
+
+    def staged():
+        obs_device.copy_(obs_host, non_blocking=True)
+        action_host.copy_(policy(obs_device), non_blocking=True)
+
+    if args.cudagraphs:
+        staged = CudaGraphModule(staged, warmup=3 if args.compile else 2)
+
+    def act(obs):
+        obs_host.numpy()[:] = obs  # the previous act's copies are done: it waited for them
+        staged()
+        if pinned:
+            torch.cuda.current_stream(device).synchronize()
+        return action_host.numpy().copy()
+
+    return act
 
 
 def main(argv=None):
@@ -293,6 +321,7 @@ def main(argv=None):
     agent = Agent(args, n_obs, n_act, space.low, space.high, device)
     update_critic, update_actor_and_targets, policy = make_update_fns(agent, args)
     rb = ReplayBuffer(args.buffer_size, n_obs, n_act, device)
+    act = make_act(policy, args, n_obs, n_act, device)
 
     obs, _ = envs.reset(seed=args.seed)
     returns = deque(maxlen=20)
@@ -300,9 +329,6 @@ def main(argv=None):
     curve_every = max(1000, args.total_timesteps // 50)
     window_start = min(args.learning_starts + WARMUP_STEPS, args.total_timesteps)
     t_window = profiler = None
-
-    def act(obs):
-        return policy(torch.as_tensor(obs, device=device, dtype=torch.float32)).cpu().numpy()
 
     next_actions = None
     pbar = tqdm.tqdm(range(args.total_timesteps), mininterval=1.0)

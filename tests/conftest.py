@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -143,3 +144,16 @@ def assert_acts_with_current_actor(name, argv, monkeypatch, capsys):
         segment, env_steps = [], env_steps + 1
     assert env_steps == int(argv[argv.index("--total-timesteps") + 1])
     assert acted_ahead > 0
+
+
+def assert_acts_as_expected(expected, policy, act, obs, tol):
+    """An off-policy twin's policy, and make_act's round trip around it (pinned copies; under --cudagraphs
+    captured with the policy), give the expected action for one env's observation, draw for draw. Five
+    observations: the calls cover warm-up, capture and replays that must read each new observation."""
+    for seed in range(5):
+        one = obs[seed : seed + 1]
+        torch.manual_seed(seed)
+        want = expected(one)
+        for name, got in (("policy", lambda: policy(one).cpu().numpy()), ("act", lambda: act(one.cpu().numpy()))):
+            torch.manual_seed(seed)
+            np.testing.assert_allclose(got(), want, atol=tol, rtol=tol, err_msg=name)

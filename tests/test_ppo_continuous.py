@@ -145,6 +145,29 @@ def test_bootstrap_at_truncation(name):
     assert script.bootstrap_truncated(agent, reward, no, no, {}, args.gamma, "cpu") is reward
 
 
+def test_env_stack_is_the_baseline_one():
+    """The twin's running statistics in closed form give the baseline's wrapped envs bit for bit: observations,
+    normalised and clipped rewards, and the statistics themselves, across episode ends."""
+    steps, stats = [], []
+    for name in (BASE, FAST):
+        script = load_script(name)
+        envs = script.make_envs(script.Args(env_id="Pendulum-v1", num_envs=NUM_ENVS))
+        envs.reset(seed=0)
+        envs.action_space.seed(0)
+        steps.append([envs.step(envs.action_space.sample())[:4] for _ in range(450)])
+        wrapped = envs.envs[1]
+        stats.append([wrapped.get_wrapper_attr(name) for name in ("obs_rms", "return_rms")])
+        envs.close()
+    assert sum(truncations.all() for *_, truncations in steps[0]) == 2  # Pendulum's 200-step limit, twice
+    for step_b, step_f in zip(*steps, strict=True):
+        for x_b, x_f in zip(step_b, step_f, strict=True):
+            np.testing.assert_array_equal(x_f, x_b)
+    for rms_b, rms_f in zip(*stats, strict=True):
+        assert type(rms_f).__name__ == "RunningMeanStdOfOne" and rms_f.count == rms_b.count
+        np.testing.assert_array_equal(rms_f.mean, rms_b.mean)
+        np.testing.assert_array_equal(rms_f.var, rms_b.var)
+
+
 def first_rollout(name, monkeypatch, capsys):
     """One iteration of a script, with a truncation inside: its rollout storage, and GAE's inputs and outputs."""
     script = load_script(name)
@@ -275,6 +298,18 @@ def check_update(compile, cudagraphs, device, updates=4, **kwargs):
         torch.testing.assert_close(logprob, expected_logprob, atol=tol, rtol=tol)
         torch.testing.assert_close(value, expected_value.flatten(), atol=tol, rtol=tol)
     assert not any(p.requires_grad for p in agent_f.inference.parameters())
+    # make_act's round trip (pinned copies; under --cudagraphs captured with the policy) gives the policy's
+    # outputs draw for draw, reading a new observation at each call: warm-up calls, capture, replays.
+    fast = load_script(FAST)
+    args_act = fast.Args(compile=compile, cudagraphs=cudagraphs, num_envs=NUM_ENVS)
+    act = fast.make_act(policy_f, args_act, N_OBS, N_ACT, torch.device(device))
+    for call in range(5):
+        obs = torch.randn(NUM_ENVS, N_OBS, generator=gen).to(device)
+        torch.manual_seed(call)
+        expected = [x.cpu().numpy() for x in policy_f(obs)]
+        torch.manual_seed(call)
+        for out, ref in zip(act(obs.cpu().numpy()), expected, strict=True):
+            np.testing.assert_allclose(out, ref, atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ from conftest import (
     MODES,
     OFF_POLICY_BAD_INPUT,
     OFF_POLICY_TINY,
+    assert_acts_as_expected,
     assert_acts_with_current_actor,
     assert_cudagraphs_fallback,
     assert_one_line_error,
@@ -55,7 +56,7 @@ def make_pair(compile, cudagraphs, autotune, device):
     agent_f.qnet_target.copy_(from_modules(agent_b.qf1_target, agent_b.qf2_target).data)
     fns_b = base.make_update_fns(agent_b, args_b)
     fns_f = fast.make_update_fns(agent_f, args_f)
-    return (agent_b, fns_b), (agent_f, fns_f)
+    return (agent_b, fns_b), (agent_f, args_f, fns_f)
 
 
 def sac_state(agent_b, agent_f):
@@ -75,9 +76,8 @@ def check_equivalence(compile, cudagraphs, autotune, device, updates=6):
     """Same parameters and batches: each critic, actor and target update gives the same losses and
     parameters in both scripts. Six updates, so optimizer state and graph replays (after capture at the
     third call with --compile) are covered."""
-    (agent_b, (critic_b, actor_b, targets_b)), (agent_f, (critic_f, actor_f, targets_f, policy_f)) = make_pair(
-        compile, cudagraphs, autotune, device
-    )
+    pair = make_pair(compile, cudagraphs, autotune, device)
+    (agent_b, (critic_b, actor_b, targets_b)), (agent_f, args_f, (critic_f, actor_f, targets_f, policy_f)) = pair
     tol = 1e-4 if device.type == "cpu" else 1e-3  # GPU kernels of compiled and eager code round differently
     initial = [(name, p_b.detach().clone()) for name, p_b, _ in sac_state(agent_b, agent_f)]
     gen = torch.Generator().manual_seed(1)
@@ -106,10 +106,11 @@ def check_equivalence(compile, cudagraphs, autotune, device, updates=6):
     for (name, before), (_, _, p_f) in zip(initial, sac_state(agent_b, agent_f)):
         if name != "log_alpha" or autotune:  # log_alpha trains only with --autotune
             assert not torch.equal(before, p_f), name
-    torch.manual_seed(5)
-    expected = agent_f.actor.get_action(obs)[0]
-    torch.manual_seed(5)
-    torch.testing.assert_close(policy_f(obs), expected.detach(), atol=tol, rtol=tol)
+    def expected(one_obs):
+        return agent_f.actor.get_action(one_obs)[0].detach().cpu().numpy()
+
+    act = load_script(FAST).make_act(policy_f, args_f, 5, 2, device)
+    assert_acts_as_expected(expected, policy_f, act, obs, tol)
     assert not any(p.requires_grad for p in agent_f.actor_detach.parameters())
     assert agent_f.actor_detach.fc1.weight.data_ptr() == agent_f.actor.fc1.weight.data_ptr()
 

@@ -10,6 +10,7 @@ from conftest import (
     MODES,
     OFF_POLICY_BAD_INPUT,
     OFF_POLICY_TINY,
+    assert_acts_as_expected,
     assert_acts_with_current_actor,
     assert_cudagraphs_fallback,
     assert_one_line_error,
@@ -67,7 +68,7 @@ def make_pair(compile, cudagraphs, device):
     agent_f.qnet_target.copy_(from_modules(agent_b.qf1_target, agent_b.qf2_target).data)
     fns_b = base.make_update_fns(agent_b, args_b)
     fns_f = fast.make_update_fns(agent_f, args_f)
-    return (agent_b, args_b, fns_b), (agent_f, fns_f)
+    return (agent_b, args_b, fns_b), (agent_f, args_f, fns_f)
 
 
 def td3_state(agent_b, agent_f):
@@ -88,7 +89,7 @@ def check_equivalence(compile, cudagraphs, device, updates=3):
     """Same parameters and batches: each critic step and each actor-and-targets step gives the same losses
     and parameters in both scripts, and the policy acts as the baseline's loop does. Several updates, so
     optimizer state (and, under --cudagraphs, captured graphs) are covered."""
-    (agent_b, args_b, (critic_b, actor_b)), (agent_f, (critic_f, actor_f, policy_f)) = make_pair(
+    (agent_b, args_b, (critic_b, actor_b)), (agent_f, args_f, (critic_f, actor_f, policy_f)) = make_pair(
         compile, cudagraphs, device
     )
     tol = 1e-5 if device.type == "cpu" else 1e-3  # GPU kernels of compiled and eager code round differently
@@ -118,25 +119,21 @@ def check_equivalence(compile, cudagraphs, device, updates=3):
     for (name, before), (_, _, p_f) in zip(initial, td3_state(agent_b, agent_f)):
         if not name.endswith(("action_scale", "action_bias")):  # constant buffers
             assert not torch.equal(before, p_f), name
-    # The policy acts as the baseline's loop does (one observation, noise, clip) with the twin's trained
-    # actor, draw for draw; the inference actor shares the trained weights and records no gradients.
-    for seed in range(5):
-        one_obs = obs[seed : seed + 1]
-        torch.manual_seed(seed)
+    # The policy acts as the baseline's loop does (noise, clip) with the twin's trained actor.
+    def expected(one_obs):
         with torch.no_grad():
-            expected = agent_f.actor(one_obs)
-            expected += torch.normal(0, agent_b.actor.action_scale * args_b.exploration_noise)
-            expected = expected.cpu().numpy().clip(LOW, HIGH)
-        torch.manual_seed(seed)
-        actions = policy_f(one_obs).cpu().numpy()
-        np.testing.assert_allclose(actions, expected, atol=tol, rtol=tol)
+            actions = agent_f.actor(one_obs) + torch.normal(0, agent_b.actor.action_scale * args_b.exploration_noise)
+        return actions.cpu().numpy().clip(LOW, HIGH)
+
+    act = load_script(FAST).make_act(policy_f, args_f, 5, 2, device)
+    assert_acts_as_expected(expected, policy_f, act, obs, tol)
     assert not any(p.requires_grad for p in agent_f.actor_detach.parameters())
     assert agent_f.actor_detach.fc1.weight.data_ptr() == agent_f.actor.fc1.weight.data_ptr()
 
 
 def test_policy_clips_to_each_bound():
     """The compiled variant's exploration keeps every action in its own dimension's bounds and uses them."""
-    _, (_, (_, _, policy_f)) = make_pair(compile=False, cudagraphs=False, device=torch.device("cpu"))
+    _, (_, _, (_, _, policy_f)) = make_pair(compile=False, cudagraphs=False, device=torch.device("cpu"))
     actions = torch.cat([policy_f(torch.randn(1, 5)) for _ in range(200)])
     low, high = torch.tensor(LOW).float(), torch.tensor(HIGH).float()
     assert ((actions >= low) & (actions <= high)).all()
