@@ -154,7 +154,8 @@ def test_env_stack_is_the_baseline_one():
         envs = script.make_envs(script.Args(env_id="Pendulum-v1", num_envs=NUM_ENVS))
         envs.reset(seed=0)
         envs.action_space.seed(0)
-        steps.append([envs.step(envs.action_space.sample())[:4] for _ in range(450)])
+        # Copies: the twin's vector env returns its own observation buffer, which the next step overwrites.
+        steps.append([[np.copy(x) for x in envs.step(envs.action_space.sample())[:4]] for _ in range(450)])
         wrapped = envs.envs[1]
         stats.append([wrapped.get_wrapper_attr(name) for name in ("obs_rms", "return_rms")])
         envs.close()
