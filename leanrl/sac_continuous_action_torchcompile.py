@@ -164,14 +164,19 @@ class Actor(nn.Module):
 
 
 class ReplayBuffer:
-    """Transitions as rows of one preallocated tensor on the device, sampled uniformly with replacement there.
+    """Transitions as rows of one preallocated tensor on the device, sampled uniformly with replacement there
+    into one fixed batch tensor, which the updates read: a captured update then has no inputs to copy.
 
     A row is [obs, action, reward, next_obs, done]: adding a transition is one host-to-device copy.
     """
 
-    def __init__(self, size, n_obs, n_act, device):
-        self.widths = [n_obs, n_act, 1, n_obs, 1]
-        self.storage = torch.zeros(size, sum(self.widths), device=device)
+    def __init__(self, size, batch_size, n_obs, n_act, device):
+        widths = [n_obs, n_act, 1, n_obs, 1]
+        self.storage = torch.zeros(size, sum(widths), device=device)
+        self.batch = torch.zeros(batch_size, sum(widths), device=device)
+        obs, actions, rewards, next_obs, dones = self.batch.split(widths, dim=1)
+        # Views into self.batch: each sample overwrites what they show.
+        self.fields = (obs, actions, rewards.squeeze(1), next_obs, dones.squeeze(1))
         self.max_size, self.ptr, self.size, self.device = size, 0, 0, device
 
     def add(self, obs, next_obs, action, reward, done):
@@ -180,10 +185,9 @@ class ReplayBuffer:
         self.ptr = (self.ptr + 1) % self.max_size
         self.size = min(self.size + 1, self.max_size)
 
-    def sample(self, batch_size):
-        idx = torch.randint(0, self.size, (batch_size,), device=self.device)
-        obs, actions, rewards, next_obs, dones = self.storage[idx].split(self.widths, dim=1)
-        return obs, actions, rewards.flatten(), next_obs, dones.flatten()
+    def sample(self):
+        idx = torch.randint(0, self.size, (len(self.batch),), device=self.device)
+        torch.index_select(self.storage, 0, idx, out=self.batch)
 
 
 class Agent:
@@ -220,12 +224,14 @@ class Agent:
         return torch.vmap(lambda p: torch.func.functional_call(self.qnet, p, (obs, actions)))(params)
 
 
-def make_update_fns(agent, args):
+def make_update_fns(agent, args, batch):
     """The three steps of a SAC update: critic, actor (with the entropy coefficient), target networks;
-    and the policy that acts. With --compile each is compiled; with --cudagraphs each update is captured (the
-    policy is captured with its copies in make_act)."""
+    and the policy that acts. The updates read their batch from `batch` (obs, actions, rewards, next_obs,
+    dones), fixed tensors that each sample overwrites. With --compile each is compiled; with --cudagraphs each
+    update is captured (the policy is captured with its copies in make_act)."""
 
-    def update_critic(obs, actions, rewards, next_obs, dones):
+    def update_critic():
+        obs, actions, rewards, next_obs, dones = batch
         with torch.no_grad():
             next_state_actions, next_state_log_pi, _ = agent.actor.get_action(next_obs)
             qf_next_target = agent.qvalues(agent.q_target, next_obs, next_state_actions)
@@ -241,7 +247,8 @@ def make_update_fns(agent, args):
         agent.q_optimizer.step()
         return torch.stack([qf_loss, qf1_a_values.mean(), qf2_a_values.mean()]).detach()
 
-    def actor_step(obs):
+    def actor_step():
+        obs = batch[0]
         pi, log_pi, _ = agent.actor.get_action(obs)
         min_qf_pi = agent.qvalues(agent.q_params_data, obs, pi).min(0).values
         actor_loss = ((agent.alpha * log_pi) - min_qf_pi).mean()
@@ -277,10 +284,10 @@ def make_update_fns(agent, args):
             torch.compile, (update_critic, actor_step, update_targets, policy)
         )
 
-    def update_actor(obs):
+    def update_actor():
         # policy_frequency updates on the same batch, compensating for the delay
         for _ in range(args.policy_frequency):
-            info = actor_step(obs)
+            info = actor_step()
         return info
 
     fns = (update_critic, update_actor, update_targets)
@@ -343,8 +350,8 @@ def main(argv=None):
     n_act = int(np.prod(envs.single_action_space.shape))
     space = envs.single_action_space
     agent = Agent(args, n_obs, n_act, space.low, space.high, device)
-    update_critic, update_actor, update_targets, policy = make_update_fns(agent, args)
-    rb = ReplayBuffer(args.buffer_size, n_obs, n_act, device)
+    rb = ReplayBuffer(args.buffer_size, args.batch_size, n_obs, n_act, device)
+    update_critic, update_actor, update_targets, policy = make_update_fns(agent, args, rb.fields)
     act = make_act(policy, args, n_obs, n_act, device)
 
     obs, _ = envs.reset(seed=args.seed)
@@ -399,11 +406,11 @@ def main(argv=None):
                 with phase("policy"):
                     next_actions = act(obs)
             with phase("data"):
-                obs_b, actions_b, rewards_b, next_obs_b, dones_b = rb.sample(args.batch_size)
+                rb.sample()
             with phase("update"):
-                q_info = update_critic(obs_b, actions_b, rewards_b, next_obs_b, dones_b)
+                q_info = update_critic()
                 if actor_update:  # TD3-style delayed update
-                    actor_info = update_actor(obs_b)
+                    actor_info = update_actor()
                 if global_step % args.target_network_frequency == 0:
                     update_targets()
 

@@ -146,14 +146,19 @@ class Actor(nn.Module):
 
 
 class ReplayBuffer:
-    """Transitions as rows of one preallocated tensor on the device, sampled uniformly with replacement there.
+    """Transitions as rows of one preallocated tensor on the device, sampled uniformly with replacement there
+    into one fixed batch tensor, which the updates read: a captured update then has no inputs to copy.
 
     A row is [obs, action, reward, next_obs, done]: adding a transition is one host-to-device copy.
     """
 
-    def __init__(self, size, n_obs, n_act, device):
-        self.widths = [n_obs, n_act, 1, n_obs, 1]
-        self.storage = torch.zeros(size, sum(self.widths), device=device)
+    def __init__(self, size, batch_size, n_obs, n_act, device):
+        widths = [n_obs, n_act, 1, n_obs, 1]
+        self.storage = torch.zeros(size, sum(widths), device=device)
+        self.batch = torch.zeros(batch_size, sum(widths), device=device)
+        obs, actions, rewards, next_obs, dones = self.batch.split(widths, dim=1)
+        # Views into self.batch: each sample overwrites what they show.
+        self.fields = (obs, actions, rewards.squeeze(1), next_obs, dones.squeeze(1))
         self.max_size, self.ptr, self.size, self.device = size, 0, 0, device
 
     def add(self, obs, next_obs, action, reward, done):
@@ -162,10 +167,9 @@ class ReplayBuffer:
         self.ptr = (self.ptr + 1) % self.max_size
         self.size = min(self.size + 1, self.max_size)
 
-    def sample(self, batch_size):
-        idx = torch.randint(0, self.size, (batch_size,), device=self.device)
-        obs, actions, rewards, next_obs, dones = self.storage[idx].split(self.widths, dim=1)
-        return obs, actions, rewards.flatten(), next_obs, dones.flatten()
+    def sample(self):
+        idx = torch.randint(0, self.size, (len(self.batch),), device=self.device)
+        torch.index_select(self.storage, 0, idx, out=self.batch)
 
 
 class Agent:
@@ -209,13 +213,15 @@ class Agent:
         return torch.vmap(lambda p: torch.func.functional_call(self.qnet, p, (obs, actions)))(params)
 
 
-def make_update_fns(agent, args):
+def make_update_fns(agent, args, batch):
     """The two steps of a TD3 update: the critic; and the delayed actor step with the soft update of every
     target network, which TD3 always does together; and the policy that acts, with its exploration noise.
-    With --compile each is compiled; with --cudagraphs each update is captured (the policy is captured with its
-    copies in make_act)."""
+    The updates read their batch from `batch` (obs, actions, rewards, next_obs, dones), fixed tensors that
+    each sample overwrites. With --compile each is compiled; with --cudagraphs each update is captured (the
+    policy is captured with its copies in make_act)."""
 
-    def update_critic(obs, actions, rewards, next_obs, dones):
+    def update_critic():
+        obs, actions, rewards, next_obs, dones = batch
         with torch.no_grad():
             # Target policy smoothing: clipped noise on the target actor's action.
             clipped_noise = (torch.randn_like(actions) * args.policy_noise).clamp(
@@ -234,9 +240,11 @@ def make_update_fns(agent, args):
         agent.q_optimizer.zero_grad()
         qf_loss.backward()
         agent.q_optimizer.step()
-        return qf_loss.detach(), qf1_a_values.detach().mean(), qf2_a_values.detach().mean()
+        # One stacked output: a captured function copies each output out of its graph.
+        return torch.stack([qf_loss, qf1_a_values.mean(), qf2_a_values.mean()]).detach()
 
-    def update_actor_and_targets(obs):
+    def update_actor_and_targets():
+        obs = batch[0]
         # qf1's detached parameters: no gradient reaches the critic, whose step would discard it anyway.
         actor_loss = -torch.func.functional_call(agent.qnet, agent.qf1_params_data, (obs, agent.actor(obs))).mean()
 
@@ -319,8 +327,8 @@ def main(argv=None):
     n_act = int(np.prod(envs.single_action_space.shape))
     space = envs.single_action_space
     agent = Agent(args, n_obs, n_act, space.low, space.high, device)
-    update_critic, update_actor_and_targets, policy = make_update_fns(agent, args)
-    rb = ReplayBuffer(args.buffer_size, n_obs, n_act, device)
+    rb = ReplayBuffer(args.buffer_size, args.batch_size, n_obs, n_act, device)
+    update_critic, update_actor_and_targets, policy = make_update_fns(agent, args, rb.fields)
     act = make_act(policy, args, n_obs, n_act, device)
 
     obs, _ = envs.reset(seed=args.seed)
@@ -375,11 +383,11 @@ def main(argv=None):
                 with phase("policy"):
                     next_actions = act(obs)
             with phase("data"):
-                obs_b, actions_b, rewards_b, next_obs_b, dones_b = rb.sample(args.batch_size)
+                rb.sample()
             with phase("update"):
-                qf_loss, qf1_a, qf2_a = update_critic(obs_b, actions_b, rewards_b, next_obs_b, dones_b)
+                q_info = update_critic()
                 if actor_update:  # delayed policy and target updates
-                    actor_loss = update_actor_and_targets(obs_b)
+                    actor_loss = update_actor_and_targets()
 
         if global_step % curve_every == 0 and global_step > 0:
             with phase("other"):
@@ -389,11 +397,12 @@ def main(argv=None):
                     curve.append([global_step, round(time.perf_counter() - t_start, 3), round(mean_return, 2)])
                 pbar.set_description(f"fps: {fps or 0:.0f}, return: {mean_return or float('nan'):.1f}")
                 if args.track and global_step > args.learning_starts + args.policy_frequency:
+                    qf_loss, qf1_a, qf2_a = q_info.tolist()
                     wandb.log(
                         {
-                            "losses/qf_loss": qf_loss.item(),
-                            "losses/qf1_values": qf1_a.item(),
-                            "losses/qf2_values": qf2_a.item(),
+                            "losses/qf_loss": qf_loss,
+                            "losses/qf1_values": qf1_a,
+                            "losses/qf2_values": qf2_a,
                             "losses/actor_loss": actor_loss.item(),
                             "charts/SPS": fps or 0.0,
                         },

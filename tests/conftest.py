@@ -157,3 +157,32 @@ def assert_acts_as_expected(expected, policy, act, obs, tol):
         for name, got in (("policy", lambda: policy(one).cpu().numpy()), ("act", lambda: act(one.cpu().numpy()))):
             torch.manual_seed(seed)
             np.testing.assert_allclose(got(), want, atol=tol, rtol=tol, err_msg=name)
+
+
+def fill(fields, batch):
+    """Write a batch into an off-policy twin's fixed batch tensors (its replay buffer's fields)."""
+    for field, x in zip(fields, batch, strict=True):
+        field.copy_(x)
+
+
+def assert_buffer_samples_stored_rows(name):
+    """An off-policy twin's replay buffer samples, into its fixed batch, only rows it stored, and all of them
+    in time; its fields show each row's parts, the scalars as 1-d views."""
+    module = load_script(name)
+    rb = module.ReplayBuffer(10, 64, 3, 2, torch.device("cpu"))
+    stored = []
+    for i in range(3):
+        obs, next_obs, action = np.full(3, i), np.full(3, 10 + i), np.full(2, 20 + i)
+        rb.add(obs, next_obs, action, 30.0 + i, float(i % 2))
+        stored.append(np.concatenate([obs, action, [30 + i], next_obs, [i % 2]]))
+    rb.sample()
+    rows = rb.batch.numpy()
+    matches = [[np.array_equal(row, s) for s in stored] for row in rows]
+    assert all(any(m) for m in matches), "a sampled row that was never stored"
+    assert all(any(m[j] for m in matches) for j in range(3)), "a stored row never sampled in 64 draws"
+    obs, actions, rewards, next_obs, dones = rb.fields
+    assert rewards.shape == dones.shape == (64,)
+    np.testing.assert_array_equal(rewards.numpy(), 30 + obs[:, 0].numpy())
+    np.testing.assert_array_equal(next_obs.numpy(), 10 + obs.numpy())
+    np.testing.assert_array_equal(dones.numpy(), obs[:, 0].numpy() % 2)
+    assert actions.shape == (64, 2) and rewards.data_ptr() == rb.batch[:, 5].data_ptr()

@@ -10,9 +10,11 @@ from conftest import (
     OFF_POLICY_TINY,
     assert_acts_as_expected,
     assert_acts_with_current_actor,
+    assert_buffer_samples_stored_rows,
     assert_cudagraphs_fallback,
     assert_one_line_error,
     assert_same_update,
+    fill,
     load_script,
     requires_cuda,
     run_cli,
@@ -55,8 +57,10 @@ def make_pair(compile, cudagraphs, autotune, device):
     agent_f.qnet_params.data.copy_(from_modules(agent_b.qf1, agent_b.qf2).data)
     agent_f.qnet_target.copy_(from_modules(agent_b.qf1_target, agent_b.qf2_target).data)
     fns_b = base.make_update_fns(agent_b, args_b)
-    fns_f = fast.make_update_fns(agent_f, args_f)
-    return (agent_b, fns_b), (agent_f, args_f, fns_f)
+    # The twin's updates read their batch from its replay buffer's fixed batch tensors.
+    fields_f = fast.ReplayBuffer(64, 32, n_obs, n_act, device).fields
+    fns_f = fast.make_update_fns(agent_f, args_f, fields_f)
+    return (agent_b, fns_b), (agent_f, args_f, fields_f, fns_f)
 
 
 def sac_state(agent_b, agent_f):
@@ -77,7 +81,8 @@ def check_equivalence(compile, cudagraphs, autotune, device, updates=6):
     parameters in both scripts. Six updates, so optimizer state and graph replays (after capture at the
     third call with --compile) are covered."""
     pair = make_pair(compile, cudagraphs, autotune, device)
-    (agent_b, (critic_b, actor_b, targets_b)), (agent_f, args_f, (critic_f, actor_f, targets_f, policy_f)) = pair
+    (agent_b, (critic_b, actor_b, targets_b)), (agent_f, args_f, fields_f, fns_f) = pair
+    critic_f, actor_f, targets_f, policy_f = fns_f
     tol = 1e-4 if device.type == "cpu" else 1e-3  # GPU kernels of compiled and eager code round differently
     initial = [(name, p_b.detach().clone()) for name, p_b, _ in sac_state(agent_b, agent_f)]
     gen = torch.Generator().manual_seed(1)
@@ -85,10 +90,11 @@ def check_equivalence(compile, cudagraphs, autotune, device, updates=6):
         obs, next_obs = torch.randn(2, 32, 5, generator=gen).to(device)
         batch = (obs, torch.rand(32, 2, generator=gen).to(device) * 2 - 1, torch.randn(32, generator=gen).to(device))
         batch += (next_obs, (torch.rand(32, generator=gen) < 0.2).float().to(device))
+        fill(fields_f, batch)
         # The same random draws in both scripts: reseed before each update.
         for seed, run_b, run_f in (
-            (10 * i, lambda: critic_b(*batch), lambda: critic_f(*batch)),
-            (10 * i + 1, lambda: actor_b(obs), lambda: actor_f(obs)),
+            (10 * i, lambda: critic_b(*batch), critic_f),
+            (10 * i + 1, lambda: actor_b(obs), actor_f),
         ):
             torch.manual_seed(seed)
             losses_b = run_b()
@@ -159,3 +165,7 @@ def test_bad_input(name, argv, fragments):
 
 def test_cudagraphs_without_cuda_warns_once():
     assert_cudagraphs_fallback(FAST, *TINY)
+
+
+def test_buffer_samples_stored_rows():
+    assert_buffer_samples_stored_rows(FAST)

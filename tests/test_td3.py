@@ -12,9 +12,11 @@ from conftest import (
     OFF_POLICY_TINY,
     assert_acts_as_expected,
     assert_acts_with_current_actor,
+    assert_buffer_samples_stored_rows,
     assert_cudagraphs_fallback,
     assert_one_line_error,
     assert_same_update,
+    fill,
     load_script,
     requires_cuda,
     run_cli,
@@ -67,8 +69,10 @@ def make_pair(compile, cudagraphs, device):
     agent_f.qnet_params.data.copy_(from_modules(agent_b.qf1, agent_b.qf2).data)
     agent_f.qnet_target.copy_(from_modules(agent_b.qf1_target, agent_b.qf2_target).data)
     fns_b = base.make_update_fns(agent_b, args_b)
-    fns_f = fast.make_update_fns(agent_f, args_f)
-    return (agent_b, args_b, fns_b), (agent_f, args_f, fns_f)
+    # The twin's updates read their batch from its replay buffer's fixed batch tensors.
+    fields_f = fast.ReplayBuffer(64, 32, n_obs, n_act, device).fields
+    fns_f = fast.make_update_fns(agent_f, args_f, fields_f)
+    return (agent_b, args_b, fns_b), (agent_f, args_f, fields_f, fns_f)
 
 
 def td3_state(agent_b, agent_f):
@@ -89,9 +93,8 @@ def check_equivalence(compile, cudagraphs, device, updates=3):
     """Same parameters and batches: each critic step and each actor-and-targets step gives the same losses
     and parameters in both scripts, and the policy acts as the baseline's loop does. Several updates, so
     optimizer state (and, under --cudagraphs, captured graphs) are covered."""
-    (agent_b, args_b, (critic_b, actor_b)), (agent_f, args_f, (critic_f, actor_f, policy_f)) = make_pair(
-        compile, cudagraphs, device
-    )
+    pair = make_pair(compile, cudagraphs, device)
+    (agent_b, args_b, (critic_b, actor_b)), (agent_f, args_f, fields_f, (critic_f, actor_f, policy_f)) = pair
     tol = 1e-5 if device.type == "cpu" else 1e-3  # GPU kernels of compiled and eager code round differently
     initial = [(name, p_b.detach().clone()) for name, p_b, _ in td3_state(agent_b, agent_f)]
     gen = torch.Generator().manual_seed(1)
@@ -100,10 +103,11 @@ def check_equivalence(compile, cudagraphs, device, updates=3):
         actions = torch.rand(32, 2, generator=gen) * torch.tensor(HIGH - LOW).float() + torch.tensor(LOW).float()
         batch = (obs, actions.to(device), torch.randn(32, generator=gen).to(device))
         batch += (next_obs, (torch.rand(32, generator=gen) < 0.2).float().to(device))
+        fill(fields_f, batch)
         # The same random draws in both scripts: reseed before each update.
         for seed, run_b, run_f in (
-            (10 * i, lambda: critic_b(*batch), lambda: critic_f(*batch)),
-            (10 * i + 1, lambda: [actor_b(obs)], lambda: [actor_f(obs)]),
+            (10 * i, lambda: critic_b(*batch), critic_f),
+            (10 * i + 1, lambda: [actor_b(obs)], lambda: [actor_f()]),
         ):
             torch.manual_seed(seed)
             losses_b = run_b()
@@ -133,7 +137,7 @@ def check_equivalence(compile, cudagraphs, device, updates=3):
 
 def test_policy_clips_to_each_bound():
     """The compiled variant's exploration keeps every action in its own dimension's bounds and uses them."""
-    _, (_, _, (_, _, policy_f)) = make_pair(compile=False, cudagraphs=False, device=torch.device("cpu"))
+    _, (_, _, _, (_, _, policy_f)) = make_pair(compile=False, cudagraphs=False, device=torch.device("cpu"))
     actions = torch.cat([policy_f(torch.randn(1, 5)) for _ in range(200)])
     low, high = torch.tensor(LOW).float(), torch.tensor(HIGH).float()
     assert ((actions >= low) & (actions <= high)).all()
@@ -183,3 +187,7 @@ def test_bad_input(name, argv, fragments):
 
 def test_cudagraphs_without_cuda_warns_once():
     assert_cudagraphs_fallback(FAST, *TINY)
+
+
+def test_buffer_samples_stored_rows():
+    assert_buffer_samples_stored_rows(FAST)
