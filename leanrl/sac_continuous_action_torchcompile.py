@@ -1,6 +1,7 @@
 # SAC for continuous actions, as CleanRL defines it, made fast: on-device replay buffer, vmapped twin Q,
 # functional parameters, torch.compile and CUDA graphs.
 # Docs: docs/sac.md
+import functools
 import json
 import os
 import random
@@ -103,15 +104,17 @@ def make_env(env_id, seed):
     return thunk
 
 
-def make_envs(env_id, seed):
-    """One env in a vector env that resets in the same step, so the true final observation comes in infos."""
+def make_single_env(env_id, seed):
+    """The baseline's one env without the vector env around it: for one env, the vector env's batching and info
+    merging cost about as much host time as a MuJoCo step. The loop resets the env in the step that ends an
+    episode, as the baseline's vector env does (same-step autoreset), so both see the same transitions."""
     try:
-        envs = gym.vector.SyncVectorEnv([make_env(env_id, seed)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        env = make_env(env_id, seed)()
     except gym.error.Error as e:
         fail(f"cannot make env {env_id!r}: {e}")
-    if not isinstance(envs.single_action_space, gym.spaces.Box):
-        fail(f"{env_id} has a {type(envs.single_action_space).__name__} action space; SAC needs a continuous (Box) one")
-    return envs
+    if not isinstance(env.action_space, gym.spaces.Box):
+        fail(f"{env_id} has a {type(env.action_space).__name__} action space; SAC needs a continuous (Box) one")
+    return env
 
 
 class SoftQNetwork(nn.Module):
@@ -167,26 +170,37 @@ class ReplayBuffer:
     """Transitions as rows of one preallocated tensor on the device, sampled uniformly with replacement there
     into one fixed batch tensor, which the updates read: a captured update then has no inputs to copy.
 
-    A row is [obs, action, reward, next_obs, done]: adding a transition is one host-to-device copy.
+    A row is [obs, action, reward, next_obs, done]. Adding a transition is two parts: `stage` copies the row
+    to the device (host work), `push` stores it (device work only, so a captured training step does it). The
+    write position and the size are device tensors, for the same reason.
     """
 
     def __init__(self, size, batch_size, n_obs, n_act, device):
         widths = [n_obs, n_act, 1, n_obs, 1]
         self.storage = torch.zeros(size, sum(widths), device=device)
+        self.row = torch.zeros(1, sum(widths), device=device)
         self.batch = torch.zeros(batch_size, sum(widths), device=device)
         obs, actions, rewards, next_obs, dones = self.batch.split(widths, dim=1)
         # Views into self.batch: each sample overwrites what they show.
         self.fields = (obs, actions, rewards.squeeze(1), next_obs, dones.squeeze(1))
-        self.max_size, self.ptr, self.size, self.device = size, 0, 0, device
+        self.ptr = torch.zeros(1, dtype=torch.long, device=device)
+        self.size = torch.zeros(1, dtype=torch.long, device=device)
+        self.max_size, self.device = size, device
 
-    def add(self, obs, next_obs, action, reward, done):
+    def stage(self, obs, next_obs, action, reward, done):
         row = np.concatenate([obs, action, [reward], next_obs, [done]], dtype=np.float32)
-        self.storage[self.ptr].copy_(torch.from_numpy(row), non_blocking=True)
-        self.ptr = (self.ptr + 1) % self.max_size
-        self.size = min(self.size + 1, self.max_size)
+        # From pageable memory: the copy has read `row` when it returns.
+        self.row.copy_(torch.from_numpy(row)[None], non_blocking=True)
+
+    def push(self):
+        self.storage.index_copy_(0, self.ptr, self.row)
+        self.ptr.add_(1).remainder_(self.max_size)
+        self.size.add_(1).clamp_(max=self.max_size)
 
     def sample(self):
-        idx = torch.randint(0, self.size, (len(self.batch),), device=self.device)
+        # Uniform over the stored rows with the size on the device: 62-bit draws reduced modulo the size
+        # (a relative bias below 2**-40).
+        idx = torch.randint(0, 2**62, (len(self.batch),), device=self.device).remainder_(self.size)
         torch.index_select(self.storage, 0, idx, out=self.batch)
 
 
@@ -227,8 +241,8 @@ class Agent:
 def make_update_fns(agent, args, batch):
     """The three steps of a SAC update: critic, actor (with the entropy coefficient), target networks;
     and the policy that acts. The updates read their batch from `batch` (obs, actions, rewards, next_obs,
-    dones), fixed tensors that each sample overwrites. With --compile each is compiled; with --cudagraphs each
-    update is captured (the policy is captured with its copies in make_act)."""
+    dones), fixed tensors that each sample overwrites. With --compile each is compiled; --cudagraphs captures
+    them in make_train_step (the updates) and make_act (the policy)."""
 
     def update_critic():
         obs, actions, rewards, next_obs, dones = batch
@@ -290,10 +304,36 @@ def make_update_fns(agent, args, batch):
             info = actor_step()
         return info
 
-    fns = (update_critic, update_actor, update_targets)
-    if args.cudagraphs:
-        fns = tuple(CudaGraphModule(f, warmup=3 if args.compile else 2) for f in fns)
-    return (*fns, policy)
+    return update_critic, update_actor, update_targets, policy
+
+
+def make_train_step(rb, update_critic, update_actor, update_targets, args):
+    """train(actor_update, target_update): what follows an env step once learning has started. It stores the
+    staged transition, samples a batch, updates the critic, then the actor and the targets if asked. With
+    --cudagraphs each kind of step is one captured graph: one replay per env step. The latest losses land in
+    `losses` (qf_loss, qf1 values, qf2 values, actor_loss, alpha_loss), on the device."""
+    losses = torch.zeros(5, device=rb.device)
+
+    def step(actor_update, target_update):
+        rb.push()
+        rb.sample()
+        losses[:3].copy_(update_critic())
+        if actor_update:  # TD3-style delayed update
+            losses[3:].copy_(update_actor())
+        if target_update:
+            update_targets()
+
+    steps = {}
+
+    def train(actor_update, target_update):
+        kind = (actor_update, target_update)
+        if kind not in steps:
+            steps[kind] = functools.partial(step, *kind)
+            if args.cudagraphs:
+                steps[kind] = CudaGraphModule(steps[kind], warmup=3 if args.compile else 2)
+        steps[kind]()
+
+    return train, losses
 
 
 def make_act(policy, args, n_obs, n_act, device):
@@ -315,11 +355,11 @@ def make_act(policy, args, n_obs, n_act, device):
         staged = CudaGraphModule(staged, warmup=3 if args.compile else 2)
 
     def act(obs):
-        obs_host.numpy()[:] = obs  # the previous act's copies are done: it waited for them
+        obs_host.numpy()[0] = obs  # the previous act's copies are done: it waited for them
         staged()
         if pinned:
             torch.cuda.current_stream(device).synchronize()
-        return action_host.numpy().copy()
+        return action_host.numpy()[0].copy()
 
     return act
 
@@ -345,23 +385,24 @@ def main(argv=None):
     # Named scopes for the profiler (--profile-dir); free when not profiling.
     phase = record_function if args.profile_dir else lambda name: nullcontext()
 
-    envs = make_envs(args.env_id, args.seed)
-    n_obs = int(np.prod(envs.single_observation_space.shape))
-    n_act = int(np.prod(envs.single_action_space.shape))
-    space = envs.single_action_space
+    env = make_single_env(args.env_id, args.seed)
+    n_obs = int(np.prod(env.observation_space.shape))
+    n_act = int(np.prod(env.action_space.shape))
+    space = env.action_space
     agent = Agent(args, n_obs, n_act, space.low, space.high, device)
     rb = ReplayBuffer(args.buffer_size, args.batch_size, n_obs, n_act, device)
     update_critic, update_actor, update_targets, policy = make_update_fns(agent, args, rb.fields)
+    train, losses = make_train_step(rb, update_critic, update_actor, update_targets, args)
     act = make_act(policy, args, n_obs, n_act, device)
 
-    obs, _ = envs.reset(seed=args.seed)
+    obs, _ = env.reset(seed=args.seed)
     returns = deque(maxlen=20)
     curve = []  # [global_step, seconds since start, mean return], for return-vs-time plots
     curve_every = max(1000, args.total_timesteps // 50)
     window_start = min(args.learning_starts + WARMUP_STEPS, args.total_timesteps)
     t_window = profiler = None
 
-    next_actions = None
+    next_action = None
     pbar = tqdm.tqdm(range(args.total_timesteps), mininterval=1.0)
     for global_step in pbar:
         if global_step == window_start:
@@ -377,42 +418,37 @@ def main(argv=None):
 
         with phase("policy"):
             if global_step < args.learning_starts:
-                actions = envs.action_space.sample()
-            elif next_actions is not None:  # chosen ahead, before the last (critic-only) update
-                actions, next_actions = next_actions, None
+                action = env.action_space.sample()
+            elif next_action is not None:  # chosen ahead, before the last (critic-only) update
+                action, next_action = next_action, None
             else:
-                actions = act(obs)
+                action = act(obs)
 
         with phase("env_step"):
-            next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+            next_obs, reward, termination, truncation, info = env.step(action)
 
         with phase("data"):
-            # A finished episode's last transition keeps its true final observation.
-            real_next_obs = next_obs.copy()
-            if "final_obs" in infos:
-                for i in np.flatnonzero(infos["_final_obs"]):
-                    real_next_obs[i] = infos["final_obs"][i]
-                    returns.append(float(infos["final_info"]["episode"]["r"][i]))
-                    if args.track:
-                        wandb.log({"charts/episodic_return": returns[-1]}, step=global_step)
-            rb.add(obs[0], real_next_obs[0], actions[0], rewards[0], terminations[0])
+            # The transition keeps the true final observation; then the env resets in the same step.
+            rb.stage(obs, next_obs, action, reward, termination)
+            if termination or truncation:
+                returns.append(float(info["episode"]["r"]))
+                if args.track:
+                    wandb.log({"charts/episodic_return": returns[-1]}, step=global_step)
+                next_obs, _ = env.reset()
             obs = next_obs
 
-        if global_step >= args.learning_starts:
+        if global_step < args.learning_starts:
+            with phase("data"):
+                rb.push()
+        else:
             actor_update = global_step % args.policy_frequency == 0
             if not actor_update and global_step + 1 < args.total_timesteps:
                 # This update leaves the actor as it is: act for the next step now, so that the env steps
                 # while the device runs the critic update.
                 with phase("policy"):
-                    next_actions = act(obs)
-            with phase("data"):
-                rb.sample()
+                    next_action = act(obs)
             with phase("update"):
-                q_info = update_critic()
-                if actor_update:  # TD3-style delayed update
-                    actor_info = update_actor()
-                if global_step % args.target_network_frequency == 0:
-                    update_targets()
+                train(actor_update, global_step % args.target_network_frequency == 0)
 
         if global_step % curve_every == 0 and global_step > 0:
             with phase("other"):
@@ -422,8 +458,7 @@ def main(argv=None):
                     curve.append([global_step, round(time.perf_counter() - t_start, 3), round(mean_return, 2)])
                 pbar.set_description(f"fps: {fps or 0:.0f}, return: {mean_return or float('nan'):.1f}")
                 if args.track and global_step > args.learning_starts + args.policy_frequency:
-                    qf_loss, qf1_a, qf2_a = q_info.tolist()
-                    actor_loss, alpha_loss = actor_info.tolist()
+                    qf_loss, qf1_a, qf2_a, actor_loss, alpha_loss = losses.tolist()
                     wandb.log(
                         {
                             "losses/qf_loss": qf_loss,
@@ -440,7 +475,7 @@ def main(argv=None):
         torch.cuda.synchronize()
     t_end = time.perf_counter()
     pbar.close()
-    envs.close()
+    env.close()
     steps_in_window = args.total_timesteps - window_start
     record = {
         "script": script,

@@ -1,6 +1,7 @@
 # TD3 for continuous actions, as CleanRL defines it, made fast: on-device replay buffer, vmapped twin Q,
 # functional parameters, one lerp for every target, torch.compile and CUDA graphs.
 # Docs: docs/td3.md
+import functools
 import json
 import os
 import random
@@ -102,15 +103,17 @@ def make_env(env_id, seed):
     return thunk
 
 
-def make_envs(env_id, seed):
-    """One env in a vector env that resets in the same step, so the true final observation comes in infos."""
+def make_single_env(env_id, seed):
+    """The baseline's one env without the vector env around it: for one env, the vector env's batching and info
+    merging cost about as much host time as a MuJoCo step. The loop resets the env in the step that ends an
+    episode, as the baseline's vector env does (same-step autoreset), so both see the same transitions."""
     try:
-        envs = gym.vector.SyncVectorEnv([make_env(env_id, seed)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        env = make_env(env_id, seed)()
     except gym.error.Error as e:
         fail(f"cannot make env {env_id!r}: {e}")
-    if not isinstance(envs.single_action_space, gym.spaces.Box):
-        fail(f"{env_id} has a {type(envs.single_action_space).__name__} action space; TD3 needs a continuous (Box) one")
-    return envs
+    if not isinstance(env.action_space, gym.spaces.Box):
+        fail(f"{env_id} has a {type(env.action_space).__name__} action space; TD3 needs a continuous (Box) one")
+    return env
 
 
 class QNetwork(nn.Module):
@@ -149,26 +152,37 @@ class ReplayBuffer:
     """Transitions as rows of one preallocated tensor on the device, sampled uniformly with replacement there
     into one fixed batch tensor, which the updates read: a captured update then has no inputs to copy.
 
-    A row is [obs, action, reward, next_obs, done]: adding a transition is one host-to-device copy.
+    A row is [obs, action, reward, next_obs, done]. Adding a transition is two parts: `stage` copies the row
+    to the device (host work), `push` stores it (device work only, so a captured training step does it). The
+    write position and the size are device tensors, for the same reason.
     """
 
     def __init__(self, size, batch_size, n_obs, n_act, device):
         widths = [n_obs, n_act, 1, n_obs, 1]
         self.storage = torch.zeros(size, sum(widths), device=device)
+        self.row = torch.zeros(1, sum(widths), device=device)
         self.batch = torch.zeros(batch_size, sum(widths), device=device)
         obs, actions, rewards, next_obs, dones = self.batch.split(widths, dim=1)
         # Views into self.batch: each sample overwrites what they show.
         self.fields = (obs, actions, rewards.squeeze(1), next_obs, dones.squeeze(1))
-        self.max_size, self.ptr, self.size, self.device = size, 0, 0, device
+        self.ptr = torch.zeros(1, dtype=torch.long, device=device)
+        self.size = torch.zeros(1, dtype=torch.long, device=device)
+        self.max_size, self.device = size, device
 
-    def add(self, obs, next_obs, action, reward, done):
+    def stage(self, obs, next_obs, action, reward, done):
         row = np.concatenate([obs, action, [reward], next_obs, [done]], dtype=np.float32)
-        self.storage[self.ptr].copy_(torch.from_numpy(row), non_blocking=True)
-        self.ptr = (self.ptr + 1) % self.max_size
-        self.size = min(self.size + 1, self.max_size)
+        # From pageable memory: the copy has read `row` when it returns.
+        self.row.copy_(torch.from_numpy(row)[None], non_blocking=True)
+
+    def push(self):
+        self.storage.index_copy_(0, self.ptr, self.row)
+        self.ptr.add_(1).remainder_(self.max_size)
+        self.size.add_(1).clamp_(max=self.max_size)
 
     def sample(self):
-        idx = torch.randint(0, self.size, (len(self.batch),), device=self.device)
+        # Uniform over the stored rows with the size on the device: 62-bit draws reduced modulo the size
+        # (a relative bias below 2**-40).
+        idx = torch.randint(0, 2**62, (len(self.batch),), device=self.device).remainder_(self.size)
         torch.index_select(self.storage, 0, idx, out=self.batch)
 
 
@@ -217,8 +231,8 @@ def make_update_fns(agent, args, batch):
     """The two steps of a TD3 update: the critic; and the delayed actor step with the soft update of every
     target network, which TD3 always does together; and the policy that acts, with its exploration noise.
     The updates read their batch from `batch` (obs, actions, rewards, next_obs, dones), fixed tensors that
-    each sample overwrites. With --compile each is compiled; with --cudagraphs each update is captured (the
-    policy is captured with its copies in make_act)."""
+    each sample overwrites. With --compile each is compiled; --cudagraphs captures them in make_train_step
+    (the updates) and make_act (the policy)."""
 
     def update_critic():
         obs, actions, rewards, next_obs, dones = batch
@@ -266,11 +280,33 @@ def make_update_fns(agent, args, batch):
         update_critic, update_actor_and_targets, policy = map(
             torch.compile, (update_critic, update_actor_and_targets, policy)
         )
-    if args.cudagraphs:
-        update_critic, update_actor_and_targets = (
-            CudaGraphModule(f, warmup=3 if args.compile else 2) for f in (update_critic, update_actor_and_targets)
-        )
     return update_critic, update_actor_and_targets, policy
+
+
+def make_train_step(rb, update_critic, update_actor_and_targets, args):
+    """train(actor_update): what follows an env step once learning has started. It stores the staged
+    transition, samples a batch, updates the critic, then the actor and the targets if asked. With
+    --cudagraphs each kind of step is one captured graph: one replay per env step. The latest losses land in
+    `losses` (qf_loss, qf1 values, qf2 values, actor_loss), on the device."""
+    losses = torch.zeros(4, device=rb.device)
+
+    def step(actor_update):
+        rb.push()
+        rb.sample()
+        losses[:3].copy_(update_critic())
+        if actor_update:  # delayed policy and target updates
+            losses[3].copy_(update_actor_and_targets())
+
+    steps = {}
+
+    def train(actor_update):
+        if actor_update not in steps:
+            steps[actor_update] = functools.partial(step, actor_update)
+            if args.cudagraphs:
+                steps[actor_update] = CudaGraphModule(steps[actor_update], warmup=3 if args.compile else 2)
+        steps[actor_update]()
+
+    return train, losses
 
 
 def make_act(policy, args, n_obs, n_act, device):
@@ -292,11 +328,11 @@ def make_act(policy, args, n_obs, n_act, device):
         staged = CudaGraphModule(staged, warmup=3 if args.compile else 2)
 
     def act(obs):
-        obs_host.numpy()[:] = obs  # the previous act's copies are done: it waited for them
+        obs_host.numpy()[0] = obs  # the previous act's copies are done: it waited for them
         staged()
         if pinned:
             torch.cuda.current_stream(device).synchronize()
-        return action_host.numpy().copy()
+        return action_host.numpy()[0].copy()
 
     return act
 
@@ -322,23 +358,24 @@ def main(argv=None):
     # Named scopes for the profiler (--profile-dir); free when not profiling.
     phase = record_function if args.profile_dir else lambda name: nullcontext()
 
-    envs = make_envs(args.env_id, args.seed)
-    n_obs = int(np.prod(envs.single_observation_space.shape))
-    n_act = int(np.prod(envs.single_action_space.shape))
-    space = envs.single_action_space
+    env = make_single_env(args.env_id, args.seed)
+    n_obs = int(np.prod(env.observation_space.shape))
+    n_act = int(np.prod(env.action_space.shape))
+    space = env.action_space
     agent = Agent(args, n_obs, n_act, space.low, space.high, device)
     rb = ReplayBuffer(args.buffer_size, args.batch_size, n_obs, n_act, device)
     update_critic, update_actor_and_targets, policy = make_update_fns(agent, args, rb.fields)
+    train, losses = make_train_step(rb, update_critic, update_actor_and_targets, args)
     act = make_act(policy, args, n_obs, n_act, device)
 
-    obs, _ = envs.reset(seed=args.seed)
+    obs, _ = env.reset(seed=args.seed)
     returns = deque(maxlen=20)
     curve = []  # [global_step, seconds since start, mean return], for return-vs-time plots
     curve_every = max(1000, args.total_timesteps // 50)
     window_start = min(args.learning_starts + WARMUP_STEPS, args.total_timesteps)
     t_window = profiler = None
 
-    next_actions = None
+    next_action = None
     pbar = tqdm.tqdm(range(args.total_timesteps), mininterval=1.0)
     for global_step in pbar:
         if global_step == window_start:
@@ -354,40 +391,37 @@ def main(argv=None):
 
         with phase("policy"):
             if global_step < args.learning_starts:
-                actions = envs.action_space.sample()
-            elif next_actions is not None:  # chosen ahead, before the last (critic-only) update
-                actions, next_actions = next_actions, None
+                action = env.action_space.sample()
+            elif next_action is not None:  # chosen ahead, before the last (critic-only) update
+                action, next_action = next_action, None
             else:
-                actions = act(obs)
+                action = act(obs)
 
         with phase("env_step"):
-            next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+            next_obs, reward, termination, truncation, info = env.step(action)
 
         with phase("data"):
-            # A finished episode's last transition keeps its true final observation.
-            real_next_obs = next_obs.copy()
-            if "final_obs" in infos:
-                for i in np.flatnonzero(infos["_final_obs"]):
-                    real_next_obs[i] = infos["final_obs"][i]
-                    returns.append(float(infos["final_info"]["episode"]["r"][i]))
-                    if args.track:
-                        wandb.log({"charts/episodic_return": returns[-1]}, step=global_step)
-            rb.add(obs[0], real_next_obs[0], actions[0], rewards[0], terminations[0])
+            # The transition keeps the true final observation; then the env resets in the same step.
+            rb.stage(obs, next_obs, action, reward, termination)
+            if termination or truncation:
+                returns.append(float(info["episode"]["r"]))
+                if args.track:
+                    wandb.log({"charts/episodic_return": returns[-1]}, step=global_step)
+                next_obs, _ = env.reset()
             obs = next_obs
 
-        if global_step >= args.learning_starts:
+        if global_step < args.learning_starts:
+            with phase("data"):
+                rb.push()
+        else:
             actor_update = global_step % args.policy_frequency == 0
             if not actor_update and global_step + 1 < args.total_timesteps:
                 # This update leaves the actor as it is: act for the next step now, so that the env steps
                 # while the device runs the critic update.
                 with phase("policy"):
-                    next_actions = act(obs)
-            with phase("data"):
-                rb.sample()
+                    next_action = act(obs)
             with phase("update"):
-                q_info = update_critic()
-                if actor_update:  # delayed policy and target updates
-                    actor_loss = update_actor_and_targets()
+                train(actor_update)
 
         if global_step % curve_every == 0 and global_step > 0:
             with phase("other"):
@@ -397,13 +431,13 @@ def main(argv=None):
                     curve.append([global_step, round(time.perf_counter() - t_start, 3), round(mean_return, 2)])
                 pbar.set_description(f"fps: {fps or 0:.0f}, return: {mean_return or float('nan'):.1f}")
                 if args.track and global_step > args.learning_starts + args.policy_frequency:
-                    qf_loss, qf1_a, qf2_a = q_info.tolist()
+                    qf_loss, qf1_a, qf2_a, actor_loss = losses.tolist()
                     wandb.log(
                         {
                             "losses/qf_loss": qf_loss,
                             "losses/qf1_values": qf1_a,
                             "losses/qf2_values": qf2_a,
-                            "losses/actor_loss": actor_loss.item(),
+                            "losses/actor_loss": actor_loss,
                             "charts/SPS": fps or 0.0,
                         },
                         step=global_step,
@@ -412,7 +446,7 @@ def main(argv=None):
         torch.cuda.synchronize()
     t_end = time.perf_counter()
     pbar.close()
-    envs.close()
+    env.close()
     steps_in_window = args.total_timesteps - window_start
     record = {
         "script": script,

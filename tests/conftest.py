@@ -100,7 +100,7 @@ def assert_acts_with_current_actor(name, argv, monkeypatch, capsys):
     call made since the previous env step, no actor update comes after that call, and some calls do come before
     a critic update (the acting ahead happens)."""
     module = load_script(name)
-    make_update_fns, make_envs = module.make_update_fns, module.make_envs
+    make_update_fns, make_single_env = module.make_update_fns, module.make_single_env
     events = []
 
     def logged(fn):
@@ -111,19 +111,19 @@ def assert_acts_with_current_actor(name, argv, monkeypatch, capsys):
 
         return call
 
-    def logged_envs(*args):
-        envs = make_envs(*args)
-        step = envs.step
+    def logged_env(*args):
+        env = make_single_env(*args)
+        step = env.step
 
-        def logged_step(actions):
-            events.append(("env_step", actions))
-            return step(actions)
+        def logged_step(action):
+            events.append(("env_step", action))
+            return step(action)
 
-        envs.step = logged_step
-        return envs
+        env.step = logged_step
+        return env
 
     monkeypatch.setattr(module, "make_update_fns", lambda *args: tuple(map(logged, make_update_fns(*args))))
-    monkeypatch.setattr(module, "make_envs", logged_envs)
+    monkeypatch.setattr(module, "make_single_env", logged_env)
     run_main(name, argv, capsys)
 
     learning_starts = int(argv[argv.index("--learning-starts") + 1])
@@ -140,7 +140,7 @@ def assert_acts_with_current_actor(name, argv, monkeypatch, capsys):
             chosen = calls.index("policy")
             assert not any(c.startswith("update_actor") for c in calls[chosen:]), f"step {env_steps}: {calls}"
             acted_ahead += "update_critic" in calls[chosen:]
-            assert torch.equal(torch.as_tensor(value), segment[chosen][1].cpu()), f"step {env_steps}: stale action"
+            assert torch.equal(torch.as_tensor(value), segment[chosen][1][0].cpu()), f"step {env_steps}: stale action"
         segment, env_steps = [], env_steps + 1
     assert env_steps == int(argv[argv.index("--total-timesteps") + 1])
     assert acted_ahead > 0
@@ -154,35 +154,82 @@ def assert_acts_as_expected(expected, policy, act, obs, tol):
         one = obs[seed : seed + 1]
         torch.manual_seed(seed)
         want = expected(one)
-        for name, got in (("policy", lambda: policy(one).cpu().numpy()), ("act", lambda: act(one.cpu().numpy()))):
+        for name, got in (("policy", lambda: policy(one).cpu().numpy()), ("act", lambda: act(one[0].cpu().numpy())[None])):
             torch.manual_seed(seed)
             np.testing.assert_allclose(got(), want, atol=tol, rtol=tol, err_msg=name)
 
 
-def fill(fields, batch):
-    """Write a batch into an off-policy twin's fixed batch tensors (its replay buffer's fields)."""
-    for field, x in zip(fields, batch, strict=True):
-        field.copy_(x)
+def stage_transition(rb, rng):
+    """Stage one random transition in an off-policy twin's replay buffer, as its loop does after an env step."""
+    n_obs, n_act = rb.fields[0].shape[1], rb.fields[1].shape[1]
+    obs, next_obs, action = rng.standard_normal(n_obs), rng.standard_normal(n_obs), rng.uniform(-1, 1, n_act)
+    rb.stage(obs, next_obs, action, rng.standard_normal(), float(rng.random() < 0.2))
+
+
+def twin_train_step(train, kind, rb, seed, stored):
+    """One training step of an off-policy twin, train(*kind), from `seed`, after a transition was staged.
+    Check that it stored the staged row as row `stored - 1` and sampled its batch from the `stored` rows as
+    the generator's draw after `seed` says (a captured step must see the size grow). Return copies of the batch
+    fields, with the generator where the twin's updates began drawing, so that the baseline's updates on that
+    batch draw the same numbers."""
+    torch.manual_seed(seed)
+    train(*kind)
+    torch.manual_seed(seed)
+    idx = torch.randint(0, 2**62, (len(rb.batch),), device=rb.device) % stored
+    assert torch.equal(rb.storage[stored - 1], rb.row[0]), "the staged transition was not stored"
+    assert torch.equal(rb.batch, rb.storage[idx]), "the batch is not the sample the draw says"
+    return tuple(field.clone() for field in rb.fields)
 
 
 def assert_buffer_samples_stored_rows(name):
-    """An off-policy twin's replay buffer samples, into its fixed batch, only rows it stored, and all of them
-    in time; its fields show each row's parts, the scalars as 1-d views."""
+    """An off-policy twin's replay buffer samples, into its fixed batch, only the rows it holds (the last 10
+    of 13 added to a buffer of 10), and all of them; its fields show each row's parts, the scalars as 1-d
+    views."""
     module = load_script(name)
-    rb = module.ReplayBuffer(10, 64, 3, 2, torch.device("cpu"))
+    rb = module.ReplayBuffer(10, 256, 3, 2, torch.device("cpu"))
     stored = []
-    for i in range(3):
-        obs, next_obs, action = np.full(3, i), np.full(3, 10 + i), np.full(2, 20 + i)
-        rb.add(obs, next_obs, action, 30.0 + i, float(i % 2))
-        stored.append(np.concatenate([obs, action, [30 + i], next_obs, [i % 2]]))
+    for i in range(13):
+        obs, next_obs, action = np.full(3, i), np.full(3, 100 + i), np.full(2, 200 + i)
+        rb.stage(obs, next_obs, action, 300.0 + i, float(i % 2))
+        rb.push()
+        stored.append(np.concatenate([obs, action, [300 + i], next_obs, [i % 2]]))
+    torch.manual_seed(0)
     rb.sample()
     rows = rb.batch.numpy()
-    matches = [[np.array_equal(row, s) for s in stored] for row in rows]
-    assert all(any(m) for m in matches), "a sampled row that was never stored"
-    assert all(any(m[j] for m in matches) for j in range(3)), "a stored row never sampled in 64 draws"
+    matches = [[np.array_equal(row, s) for s in stored[3:]] for row in rows]
+    assert all(any(m) for m in matches), "a sampled row that the buffer does not hold"
+    assert all(any(m[j] for m in matches) for j in range(10)), "a held row never sampled in 256 draws"
     obs, actions, rewards, next_obs, dones = rb.fields
-    assert rewards.shape == dones.shape == (64,)
-    np.testing.assert_array_equal(rewards.numpy(), 30 + obs[:, 0].numpy())
-    np.testing.assert_array_equal(next_obs.numpy(), 10 + obs.numpy())
+    assert rewards.shape == dones.shape == (256,)
+    np.testing.assert_array_equal(rewards.numpy(), 300 + obs[:, 0].numpy())
+    np.testing.assert_array_equal(next_obs.numpy(), 100 + obs.numpy())
     np.testing.assert_array_equal(dones.numpy(), obs[:, 0].numpy() % 2)
-    assert actions.shape == (64, 2) and rewards.data_ptr() == rb.batch[:, 5].data_ptr()
+    assert actions.shape == (256, 2) and rewards.data_ptr() == rb.batch[:, 5].data_ptr()
+
+
+def assert_stores_the_baseline_transitions(base, fast, monkeypatch, capsys):
+    """An off-policy twin's single env (reset in the step that ends an episode) and its replay buffer store
+    the baseline's transitions bit for bit: the same observations, random actions, rewards and dones, and the
+    true final observation where an episode ends (Pendulum's 200-step limit, twice). Learning starts at the
+    last step, so every earlier action is the env's seeded random one."""
+    argv = ["--env-id", "Pendulum-v1", "--total-timesteps", "450", "--learning-starts", "449", "--batch-size", "8"]
+    buffers, records = {}, {}
+    for name in (base, fast):
+        module = load_script(name)
+
+        class Recording(module.ReplayBuffer):
+            def __init__(self, *args):
+                super().__init__(*args)
+                buffers[name] = self
+
+        monkeypatch.setattr(module, "ReplayBuffer", Recording)
+        records[name] = run_main(name, argv, capsys)
+    b, f = buffers[base], buffers[fast]
+    rows_b = np.concatenate([b.obs, b.actions, b.rewards[:, None], b.next_obs, b.dones[:, None]], axis=1)[:450]
+    rows_f = f.storage.cpu().numpy()[:450]
+    assert int(f.size) == 450
+    np.testing.assert_array_equal(rows_f[:449], rows_b[:449])  # the last step acts with the policy
+    np.testing.assert_array_equal(rows_f[449, :3], rows_b[449, :3])
+    # Where the first episode ended, the stored next observation is the final one, not the reset one.
+    assert not np.array_equal(rows_f[199, -4:-1], rows_f[200, :3])
+    assert records[fast]["episodic_return"] == records[base]["episodic_return"] is not None

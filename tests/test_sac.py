@@ -14,12 +14,14 @@ from conftest import (
     assert_cudagraphs_fallback,
     assert_one_line_error,
     assert_same_update,
-    fill,
+    assert_stores_the_baseline_transitions,
     load_script,
     requires_cuda,
     run_cli,
     run_main,
     run_mode,
+    stage_transition,
+    twin_train_step,
 )
 from tensordict import from_modules
 
@@ -58,9 +60,10 @@ def make_pair(compile, cudagraphs, autotune, device):
     agent_f.qnet_target.copy_(from_modules(agent_b.qf1_target, agent_b.qf2_target).data)
     fns_b = base.make_update_fns(agent_b, args_b)
     # The twin's updates read their batch from its replay buffer's fixed batch tensors.
-    fields_f = fast.ReplayBuffer(64, 32, n_obs, n_act, device).fields
-    fns_f = fast.make_update_fns(agent_f, args_f, fields_f)
-    return (agent_b, fns_b), (agent_f, args_f, fields_f, fns_f)
+    rb = fast.ReplayBuffer(64, 32, n_obs, n_act, device)
+    *updates_f, policy_f = fast.make_update_fns(agent_f, args_f, rb.fields)
+    train_f, losses_f = fast.make_train_step(rb, *updates_f, args_f)
+    return (agent_b, fns_b), (agent_f, args_f, rb, train_f, losses_f, policy_f)
 
 
 def sac_state(agent_b, agent_f):
@@ -76,35 +79,30 @@ def sac_state(agent_b, agent_f):
     return pairs + [("log_alpha", agent_b.log_alpha, agent_f.log_alpha)]
 
 
-def check_equivalence(compile, cudagraphs, autotune, device, updates=6):
-    """Same parameters and batches: each critic, actor and target update gives the same losses and
-    parameters in both scripts. Six updates, so optimizer state and graph replays (after capture at the
-    third call with --compile) are covered."""
+def check_equivalence(compile, cudagraphs, autotune, device, steps=8):
+    """Same parameters and batches: each training step of the twin (store, sample, critic update, every other
+    step the actor updates, target update) gives the losses and parameters of the baseline's updates on the
+    batch it sampled. Eight steps, alternating the two kinds, so optimizer state and, under --cudagraphs, the
+    capture and replays of both graphs (at the third and fourth call of each, with --compile) are covered."""
     pair = make_pair(compile, cudagraphs, autotune, device)
-    (agent_b, (critic_b, actor_b, targets_b)), (agent_f, args_f, fields_f, fns_f) = pair
-    critic_f, actor_f, targets_f, policy_f = fns_f
+    (agent_b, (critic_b, actor_b, targets_b)), (agent_f, args_f, rb, train_f, losses_f, policy_f) = pair
     tol = 1e-4 if device.type == "cpu" else 1e-3  # GPU kernels of compiled and eager code round differently
     initial = [(name, p_b.detach().clone()) for name, p_b, _ in sac_state(agent_b, agent_f)]
-    gen = torch.Generator().manual_seed(1)
-    for i in range(updates):
-        obs, next_obs = torch.randn(2, 32, 5, generator=gen).to(device)
-        batch = (obs, torch.rand(32, 2, generator=gen).to(device) * 2 - 1, torch.randn(32, generator=gen).to(device))
-        batch += (next_obs, (torch.rand(32, generator=gen) < 0.2).float().to(device))
-        fill(fields_f, batch)
-        # The same random draws in both scripts: reseed before each update.
-        for seed, run_b, run_f in (
-            (10 * i, lambda: critic_b(*batch), critic_f),
-            (10 * i + 1, lambda: actor_b(obs), actor_f),
-        ):
-            torch.manual_seed(seed)
-            losses_b = run_b()
-            torch.manual_seed(seed)
-            losses_f = run_f()
-            # The first update starts from identical parameters; later ones carry the drift Adam amplifies.
-            loss_tol = tol if i == 0 else 1e-2
-            torch.testing.assert_close(losses_f, losses_b, atol=loss_tol, rtol=loss_tol)
+    rng = np.random.default_rng(1)
+    for _ in range(8):  # rows stored before learning starts
+        stage_transition(rb, rng)
+        rb.push()
+    for i in range(steps):
+        stage_transition(rb, rng)
+        actor_update = i % 2 == 0
+        batch = twin_train_step(train_f, (actor_update, True), rb, seed=i, stored=9 + i)
+        losses_b = critic_b(*batch)
+        if actor_update:
+            losses_b = torch.cat([losses_b, actor_b(batch[0])])
         targets_b()
-        targets_f()
+        # The first update starts from identical parameters; later ones carry the drift Adam amplifies.
+        loss_tol = tol if i == 0 else 1e-2
+        torch.testing.assert_close(losses_f[: len(losses_b)], losses_b, atol=loss_tol, rtol=loss_tol)
         for (name, before), (_, p_b, p_f) in zip(initial, sac_state(agent_b, agent_f)):
             assert_same_update(before, p_b.detach(), p_f.detach(), name=name)
         torch.testing.assert_close(float(agent_f.alpha), float(agent_b.alpha), atol=tol, rtol=tol)
@@ -112,11 +110,12 @@ def check_equivalence(compile, cudagraphs, autotune, device, updates=6):
     for (name, before), (_, _, p_f) in zip(initial, sac_state(agent_b, agent_f)):
         if name != "log_alpha" or autotune:  # log_alpha trains only with --autotune
             assert not torch.equal(before, p_f), name
+
     def expected(one_obs):
         return agent_f.actor.get_action(one_obs)[0].detach().cpu().numpy()
 
     act = load_script(FAST).make_act(policy_f, args_f, 5, 2, device)
-    assert_acts_as_expected(expected, policy_f, act, obs, tol)
+    assert_acts_as_expected(expected, policy_f, act, batch[0], tol)
     assert not any(p.requires_grad for p in agent_f.actor_detach.parameters())
     assert agent_f.actor_detach.fc1.weight.data_ptr() == agent_f.actor.fc1.weight.data_ptr()
 
@@ -169,3 +168,7 @@ def test_cudagraphs_without_cuda_warns_once():
 
 def test_buffer_samples_stored_rows():
     assert_buffer_samples_stored_rows(FAST)
+
+
+def test_stores_the_baseline_transitions(monkeypatch, capsys):
+    assert_stores_the_baseline_transitions(BASE, FAST, monkeypatch, capsys)

@@ -16,12 +16,14 @@ from conftest import (
     assert_cudagraphs_fallback,
     assert_one_line_error,
     assert_same_update,
-    fill,
+    assert_stores_the_baseline_transitions,
     load_script,
     requires_cuda,
     run_cli,
     run_main,
     run_mode,
+    stage_transition,
+    twin_train_step,
 )
 from tensordict import from_module, from_modules
 
@@ -70,9 +72,10 @@ def make_pair(compile, cudagraphs, device):
     agent_f.qnet_target.copy_(from_modules(agent_b.qf1_target, agent_b.qf2_target).data)
     fns_b = base.make_update_fns(agent_b, args_b)
     # The twin's updates read their batch from its replay buffer's fixed batch tensors.
-    fields_f = fast.ReplayBuffer(64, 32, n_obs, n_act, device).fields
-    fns_f = fast.make_update_fns(agent_f, args_f, fields_f)
-    return (agent_b, args_b, fns_b), (agent_f, args_f, fields_f, fns_f)
+    rb = fast.ReplayBuffer(64, 32, n_obs, n_act, device)
+    *updates_f, policy_f = fast.make_update_fns(agent_f, args_f, rb.fields)
+    train_f, losses_f = fast.make_train_step(rb, *updates_f, args_f)
+    return (agent_b, args_b, fns_b), (agent_f, args_f, rb, train_f, losses_f, policy_f)
 
 
 def td3_state(agent_b, agent_f):
@@ -89,34 +92,29 @@ def td3_state(agent_b, agent_f):
     return pairs
 
 
-def check_equivalence(compile, cudagraphs, device, updates=3):
-    """Same parameters and batches: each critic step and each actor-and-targets step gives the same losses
-    and parameters in both scripts, and the policy acts as the baseline's loop does. Several updates, so
-    optimizer state (and, under --cudagraphs, captured graphs) are covered."""
+def check_equivalence(compile, cudagraphs, device, steps=8):
+    """Same parameters and batches: each training step of the twin (store, sample, critic update, every other
+    step the actor and target updates) gives the losses and parameters of the baseline's updates on the batch
+    it sampled, and the policy acts as the baseline's loop does. Eight steps, alternating the two kinds, so
+    optimizer state and, under --cudagraphs, the capture and replays of both graphs are covered."""
     pair = make_pair(compile, cudagraphs, device)
-    (agent_b, args_b, (critic_b, actor_b)), (agent_f, args_f, fields_f, (critic_f, actor_f, policy_f)) = pair
+    (agent_b, args_b, (critic_b, actor_b)), (agent_f, args_f, rb, train_f, losses_f, policy_f) = pair
     tol = 1e-5 if device.type == "cpu" else 1e-3  # GPU kernels of compiled and eager code round differently
     initial = [(name, p_b.detach().clone()) for name, p_b, _ in td3_state(agent_b, agent_f)]
-    gen = torch.Generator().manual_seed(1)
-    for i in range(updates):
-        obs, next_obs = torch.randn(2, 32, 5, generator=gen).to(device)
-        actions = torch.rand(32, 2, generator=gen) * torch.tensor(HIGH - LOW).float() + torch.tensor(LOW).float()
-        batch = (obs, actions.to(device), torch.randn(32, generator=gen).to(device))
-        batch += (next_obs, (torch.rand(32, generator=gen) < 0.2).float().to(device))
-        fill(fields_f, batch)
-        # The same random draws in both scripts: reseed before each update.
-        for seed, run_b, run_f in (
-            (10 * i, lambda: critic_b(*batch), critic_f),
-            (10 * i + 1, lambda: [actor_b(obs)], lambda: [actor_f()]),
-        ):
-            torch.manual_seed(seed)
-            losses_b = run_b()
-            torch.manual_seed(seed)
-            losses_f = run_f()
-            # The first update starts from identical parameters; later ones carry the drift Adam amplifies.
-            loss_tol = tol if i == 0 else 1e-2
-            for l_b, l_f in zip(losses_b, losses_f):
-                torch.testing.assert_close(l_f, l_b.to(l_f.device), atol=loss_tol, rtol=loss_tol)
+    rng = np.random.default_rng(1)
+    for _ in range(8):  # rows stored before learning starts
+        stage_transition(rb, rng)
+        rb.push()
+    for i in range(steps):
+        stage_transition(rb, rng)
+        actor_update = i % 2 == 0
+        batch = twin_train_step(train_f, (actor_update,), rb, seed=i, stored=9 + i)
+        losses_b = torch.stack(critic_b(*batch))
+        if actor_update:
+            losses_b = torch.cat([losses_b, actor_b(batch[0])[None]])
+        # The first update starts from identical parameters; later ones carry the drift Adam amplifies.
+        loss_tol = tol if i == 0 else 1e-2
+        torch.testing.assert_close(losses_f[: len(losses_b)], losses_b, atol=loss_tol, rtol=loss_tol)
         for (name, before), (_, p_b, p_f) in zip(initial, td3_state(agent_b, agent_f)):
             assert_same_update(before, p_b.detach(), p_f.detach(), name=name)
     # The updates really moved the actor, the critics and their targets.
@@ -130,14 +128,14 @@ def check_equivalence(compile, cudagraphs, device, updates=3):
         return actions.cpu().numpy().clip(LOW, HIGH)
 
     act = load_script(FAST).make_act(policy_f, args_f, 5, 2, device)
-    assert_acts_as_expected(expected, policy_f, act, obs, tol)
+    assert_acts_as_expected(expected, policy_f, act, batch[0], tol)
     assert not any(p.requires_grad for p in agent_f.actor_detach.parameters())
     assert agent_f.actor_detach.fc1.weight.data_ptr() == agent_f.actor.fc1.weight.data_ptr()
 
 
 def test_policy_clips_to_each_bound():
     """The compiled variant's exploration keeps every action in its own dimension's bounds and uses them."""
-    _, (_, _, _, (_, _, policy_f)) = make_pair(compile=False, cudagraphs=False, device=torch.device("cpu"))
+    *_, policy_f = make_pair(compile=False, cudagraphs=False, device=torch.device("cpu"))[1]
     actions = torch.cat([policy_f(torch.randn(1, 5)) for _ in range(200)])
     low, high = torch.tensor(LOW).float(), torch.tensor(HIGH).float()
     assert ((actions >= low) & (actions <= high)).all()
@@ -157,7 +155,7 @@ def test_equivalence_with_baseline(compile):
 def test_equivalence_with_baseline_cuda(compile):
     torch._inductor.config.fallback_random = True
     # Enough updates that each function is warmed up, captured and then replayed (warm-up is 2 or 3 calls).
-    check_equivalence(compile, cudagraphs=True, device=torch.device("cuda"), updates=6)
+    check_equivalence(compile, cudagraphs=True, device=torch.device("cuda"))
 
 
 def test_acts_ahead_with_the_current_actor(monkeypatch, capsys):
@@ -191,3 +189,7 @@ def test_cudagraphs_without_cuda_warns_once():
 
 def test_buffer_samples_stored_rows():
     assert_buffer_samples_stored_rows(FAST)
+
+
+def test_stores_the_baseline_transitions(monkeypatch, capsys):
+    assert_stores_the_baseline_transitions(BASE, FAST, monkeypatch, capsys)
