@@ -166,19 +166,28 @@ def stage_transition(rb, rng):
     rb.stage(obs, next_obs, action, rng.standard_normal(), float(rng.random() < 0.2))
 
 
-def twin_train_step(train, kind, rb, seed, stored):
-    """One training step of an off-policy twin, train(*kind), from `seed`, after a transition was staged.
-    Check that it stored the staged row as row `stored - 1` and sampled its batch from the `stored` rows as
-    the generator's draw after `seed` says (a captured step must see the size grow). Return copies of the batch
-    fields, with the generator where the twin's updates began drawing, so that the baseline's updates on that
-    batch draw the same numbers."""
-    torch.manual_seed(seed)
-    train(*kind)
-    torch.manual_seed(seed)
-    idx = torch.randint(0, 2**62, (len(rb.batch),), device=rb.device) % stored
-    assert torch.equal(rb.storage[stored - 1], rb.row[0]), "the staged transition was not stored"
-    assert torch.equal(rb.batch, rb.storage[idx]), "the batch is not the sample the draw says"
-    return tuple(field.clone() for field in rb.fields)
+def twin_training_steps(train, rb, steps, *flags):
+    """Drive an off-policy twin as its loop does, from 8 rows stored before learning starts: each step stages a
+    new transition, then runs train(actor_update, *flags) from seed i, alternating steps with and without the
+    actor update. Check that each step stored the staged row and sampled its batch from the stored rows as the
+    generator's draw after the seed says (a captured step must see the size grow). Yield (i, actor_update,
+    copies of the batch fields), with the generator where the twin's updates began drawing, so that the
+    baseline's updates on that batch draw the same numbers."""
+    rng = np.random.default_rng(1)
+    for _ in range(8):
+        stage_transition(rb, rng)
+        rb.push()
+    for i in range(steps):
+        stage_transition(rb, rng)
+        actor_update = i % 2 == 0
+        torch.manual_seed(i)
+        train(actor_update, *flags)
+        torch.manual_seed(i)
+        stored = 9 + i
+        idx = torch.randint(0, 2**62, (len(rb.batch),), device=rb.device) % stored
+        assert torch.equal(rb.storage[stored - 1], rb.row[0]), "the staged transition was not stored"
+        assert torch.equal(rb.batch, rb.storage[idx]), "the batch is not the sample the draw says"
+        yield i, actor_update, tuple(field.clone() for field in rb.fields)
 
 
 def assert_buffer_samples_stored_rows(name):

@@ -20,8 +20,7 @@ from conftest import (
     run_cli,
     run_main,
     run_mode,
-    stage_transition,
-    twin_train_step,
+    twin_training_steps,
 )
 from tensordict import from_modules
 
@@ -88,14 +87,7 @@ def check_equivalence(compile, cudagraphs, autotune, device, steps=8):
     (agent_b, (critic_b, actor_b, targets_b)), (agent_f, args_f, rb, train_f, losses_f, policy_f) = pair
     tol = 1e-4 if device.type == "cpu" else 1e-3  # GPU kernels of compiled and eager code round differently
     initial = [(name, p_b.detach().clone()) for name, p_b, _ in sac_state(agent_b, agent_f)]
-    rng = np.random.default_rng(1)
-    for _ in range(8):  # rows stored before learning starts
-        stage_transition(rb, rng)
-        rb.push()
-    for i in range(steps):
-        stage_transition(rb, rng)
-        actor_update = i % 2 == 0
-        batch = twin_train_step(train_f, (actor_update, True), rb, seed=i, stored=9 + i)
+    for i, actor_update, batch in twin_training_steps(train_f, rb, steps, True):
         losses_b = critic_b(*batch)
         if actor_update:
             losses_b = torch.cat([losses_b, actor_b(batch[0])])

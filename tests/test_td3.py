@@ -22,8 +22,7 @@ from conftest import (
     run_cli,
     run_main,
     run_mode,
-    stage_transition,
-    twin_train_step,
+    twin_training_steps,
 )
 from tensordict import from_module, from_modules
 
@@ -101,14 +100,7 @@ def check_equivalence(compile, cudagraphs, device, steps=8):
     (agent_b, args_b, (critic_b, actor_b)), (agent_f, args_f, rb, train_f, losses_f, policy_f) = pair
     tol = 1e-5 if device.type == "cpu" else 1e-3  # GPU kernels of compiled and eager code round differently
     initial = [(name, p_b.detach().clone()) for name, p_b, _ in td3_state(agent_b, agent_f)]
-    rng = np.random.default_rng(1)
-    for _ in range(8):  # rows stored before learning starts
-        stage_transition(rb, rng)
-        rb.push()
-    for i in range(steps):
-        stage_transition(rb, rng)
-        actor_update = i % 2 == 0
-        batch = twin_train_step(train_f, (actor_update,), rb, seed=i, stored=9 + i)
+    for i, actor_update, batch in twin_training_steps(train_f, rb, steps):
         losses_b = torch.stack(critic_b(*batch))
         if actor_update:
             losses_b = torch.cat([losses_b, actor_b(batch[0])[None]])
