@@ -3,10 +3,16 @@
 # overlapped with device work.
 # Docs: docs/ppo_atari.md
 import json
+import logging
+import netrc
 import os
 import random
+import signal
 import sys
+import tempfile
 import time
+import urllib.parse
+import warnings
 from collections import deque
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -63,16 +69,20 @@ class Args:
     """stop an iteration's epochs early once the approximate KL divergence exceeds this threshold"""
     cuda: bool = True
     """use CUDA when it is available"""
+    torch_threads: int = 1
+    """torch's intra-op CPU threads (0: torch's default, one per core); see the README's CPU notes"""
     track: bool = False
     """track the experiment with Weights and Biases (honours WANDB_MODE)"""
     wandb_project_name: str = "leanrl"
     """the wandb project name"""
     wandb_entity: str | None = None
     """the entity (team) of the wandb project"""
+    tensorboard: bool = True
+    """write TensorBoard scalars under runs/<run name>/"""
     speed_log: str | None = None
     """append the final speed record (one JSON line) to this file"""
     profile_dir: str | None = None
-    """profile a short steady window after warm-up and write the trace into this directory"""
+    """profile the start of the steady window (after warm-up) and write the trace into this directory"""
     compile: bool = False
     """compile the policy, GAE and update functions with torch.compile"""
     cudagraphs: bool = False
@@ -83,6 +93,16 @@ class Args:
 WARMUP_ITERATIONS = 3
 # Iterations profiled with --profile-dir, at the start of the steady window.
 PROFILE_ITERATIONS = 1
+# The statistics of a minibatch update, in the order they are logged.
+STATS = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
+# Seconds between refreshes of the progress bar, and between progress lines where stderr is not a terminal.
+PROGRESS_SECONDS = 1.0
+CONSOLE_SECONDS = 10.0
+# Warnings that are not the user's concern (docs/contract.md says what each one is): (category, message).
+QUIET_WARNINGS = (
+    (DeprecationWarning, r".*The environment \S+-v4 is out of date"),
+    (UserWarning, r"Using lock_\(\) inside a compiled graph"),
+)
 
 
 def fail(message):
@@ -91,20 +111,42 @@ def fail(message):
     sys.exit(2)
 
 
-def check_args(args):
+def flag(args, name, argv):
+    """`--name value` for an error line, saying so when the value is a default that argv does not set."""
+    option = "--" + name.replace("_", "-")
+    given = any(a.split("=")[0].replace("_", "-") == option for a in argv)
+    return f"{option} {getattr(args, name)}" + ("" if given else " (the default)")
+
+
+def wandb_credentials():
+    """Whether wandb can log without asking for a key: offline or disabled, a key in the environment, or a
+    `wandb login` (which writes the key to ~/.netrc). Nothing goes over the network."""
+    if os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun") or os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urllib.parse.urlsplit(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).netloc
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def check_args(args, argv):
     for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate"):
         if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+            fail(f"{flag(args, name, argv)} must be positive")
+    for name in ("gamma", "gae_lambda"):
+        if not 0 <= getattr(args, name) <= 1:
+            fail(f"{flag(args, name, argv)} must be in [0, 1]")
+    batch = f"{flag(args, 'num_envs', argv)} * {flag(args, 'num_steps', argv)} = {args.num_envs * args.num_steps}"
+    if args.num_envs * args.num_steps % args.num_minibatches:
+        minibatches = flag(args, "num_minibatches", argv)
+        fail(f"{batch} does not split evenly into {minibatches}: every minibatch must have the same size")
+    if args.norm_adv and args.num_envs * args.num_steps // args.num_minibatches < 2:
+        fail(f"{flag(args, 'num_minibatches', argv)} leaves minibatches of one sample; --norm-adv needs two")
+    if args.total_timesteps < args.num_envs * args.num_steps:
+        fail(f"{flag(args, 'total_timesteps', argv)} is below one rollout, {batch}")
     if args.target_kl is not None and args.target_kl <= 0:
         fail(f"--target-kl must be positive, got {args.target_kl}")
-    batch_size = args.num_envs * args.num_steps
-    if batch_size % args.num_minibatches:
-        fail(
-            f"--num-minibatches {args.num_minibatches} does not split the batch of {batch_size} steps "
-            f"(--num-envs * --num-steps) evenly"
-        )
-    if args.total_timesteps < batch_size:
-        fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {batch_size} steps")
 
 
 def make_envs(env_id, num_envs, seed):
@@ -129,15 +171,16 @@ class EpisodeReturns:
 
     def __init__(self, num_envs):
         self.running = np.zeros(num_envs)
-        self.finished = deque(maxlen=20)
+        self.lengths = np.zeros(num_envs, dtype=np.int64)
 
     def add(self, info, truncations):
-        """Count one env step; return the returns of the games that ended in it."""
+        """Count one env step; return (return, length) of each game that ended in it."""
         self.running += info["reward"]
+        self.lengths += 1
         game_over = info["terminated"].astype(bool) | truncations
-        ended = self.running[game_over].tolist()
+        ended = list(zip(self.running[game_over].tolist(), self.lengths[game_over].tolist()))
         self.running[game_over] = 0.0
-        self.finished.extend(ended)
+        self.lengths[game_over] = 0
         return ended
 
 
@@ -226,7 +269,9 @@ class Agent:
 
 def make_update_fns(agent, args):
     """The two steps of a PPO iteration's learning: advantages (GAE) and the update on one minibatch; and the
-    policy that acts. With --compile and --cudagraphs, each is compiled and captured."""
+    policy that acts. The update writes its STATS into `stats`, fixed tensors. With --compile and --cudagraphs,
+    each is compiled and captured."""
+    stats = {name: torch.zeros((), device=agent.optimizer.param_groups[0]["lr"].device) for name in STATS}
 
     def gae(next_obs, next_done, rewards, values, dones):
         with torch.no_grad():
@@ -284,7 +329,13 @@ def make_update_fns(agent, args):
         loss.backward()
         nn.utils.clip_grad_norm_(agent.network.parameters(), args.max_grad_norm)
         agent.optimizer.step()
-        return approx_kl, v_loss.detach(), pg_loss.detach(), entropy_loss.detach(), old_approx_kl, clipfrac
+        outputs = (pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac)
+        return {name: value.detach() for name, value in zip(STATS, outputs)}
+
+    def update_in_place(*minibatch):
+        # No outputs: a captured function would copy each one out of its graph.
+        for name, value in update(*minibatch).items():
+            stats[name].copy_(value)
 
     def policy(obs):
         with torch.no_grad():
@@ -292,10 +343,12 @@ def make_update_fns(agent, args):
         return action, logprob, value.flatten()
 
     if args.compile:
-        gae, update, policy = map(torch.compile, (gae, update, policy))
+        gae, update_in_place, policy = map(torch.compile, (gae, update_in_place, policy))
     if args.cudagraphs:
-        gae, update, policy = (CudaGraphModule(f, warmup=3 if args.compile else 2) for f in (gae, update, policy))
-    return gae, update, policy
+        gae, update_in_place, policy = (
+            CudaGraphModule(f, warmup=3 if args.compile else 2) for f in (gae, update_in_place, policy)
+        )
+    return gae, update_in_place, policy, stats
 
 
 def save_profile(profiler, profile_dir, script):
@@ -304,35 +357,210 @@ def save_profile(profiler, profile_dir, script):
     profiler.export_chrome_trace(os.path.join(profile_dir, f"{script}.trace.json"))
 
 
-def main(argv=None):
-    args = tyro.cli(Args, args=argv)
-    check_args(args)
-    t_start = time.perf_counter()
-    script = os.path.basename(__file__)[: -len(".py")]
+class Meter:
+    """What every script measures, shows and logs, word for word the same in each (docs/contract.md): the fps
+    window after warm-up, the profiler, the progress bar or line, TensorBoard and wandb scalars, the return curve
+    and the speed record. The loop calls unit() as each unit of work (an env step, or a PPO iteration) begins and
+    tick() after each env step; finish() writes the record, after Ctrl-C too."""
+
+    def __init__(self, args, script):
+        self.t_start = time.perf_counter()
+        self.args, self.script = args, script
+        self.run_name = f"{args.env_id}__{script}__{args.seed}__{int(time.time())}"
+        self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+        if getattr(args, "cudagraphs", False) and self.device.type != "cuda":
+            print("warning: --cudagraphs needs CUDA; running without CUDA graphs", file=sys.stderr)
+            args.cudagraphs = False
+        for category, message in QUIET_WARNINGS:
+            warnings.filterwarnings("ignore", message, category)
+        # torch.compile skips the profiler scopes inside optimizer steps, and says so; the steps are still timed.
+        logging.getLogger("torch._dynamo.variables.ctx_manager").setLevel(logging.ERROR)
+        if args.torch_threads:
+            torch.set_num_threads(args.torch_threads)
+        # Named scopes for the profiler (--profile-dir); free when not profiling.
+        self.phase = record_function if args.profile_dir else lambda name: nullcontext()
+        self.check_outputs()
+        self.writer = None
+        if args.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(os.path.join("runs", self.run_name))
+            table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
+            self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
+        if args.track:
+            import wandb
+
+            config = vars(args)
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=config, name=self.run_name)
+            self.wandb = wandb
+        self.returns = deque(maxlen=20)
+        self.curve = []  # [global_step, seconds since start, mean return], for return-vs-time plots
+        self.steps, self.interrupted = 0, False
+        self.t_loop = self.t_window = self.profiler = self.bar = None
+
+    def check_outputs(self):
+        """Every output path is writable before training starts: missing folders are made, and one that cannot
+        be written is one error line."""
+        args = self.args
+        outputs = [("--speed-log", args.speed_log, False), ("--profile-dir", args.profile_dir, True)]
+        if args.tensorboard:
+            outputs.append(("the TensorBoard folder (or --no-tensorboard)", os.path.join("runs", self.run_name), True))
+        for option, path, folder in outputs:
+            if path is None:
+                continue
+            try:
+                os.makedirs(path if folder else os.path.dirname(path) or ".", exist_ok=True)
+                if folder:
+                    tempfile.TemporaryFile(dir=path).close()
+                else:
+                    open(path, "a").close()  # appends nothing: what the file holds stays as it is
+            except OSError as e:
+                fail(f"{option} {path} cannot be written: {e.strerror or e}")
+        if args.track and not wandb_credentials():
+            fail("--track needs wandb credentials: run `wandb login`, set WANDB_API_KEY, or set WANDB_MODE=offline")
+
+    def start(self, total_steps, window_start, profile_steps, steps_per_call):
+        """The loop's plan in env steps: its length, the step where the fps window opens (warm-up done), the
+        steps --profile-dir profiles from there, and the env steps one env_step phase takes."""
+        self.total_steps, self.window_start = total_steps, window_start
+        self.profile_steps, self.steps_per_call = profile_steps, steps_per_call
+        self.curve_every = self.next_curve = max(1, total_steps // 50)
+        # A bar on a terminal; elsewhere (logs, CI) tqdm shows none and tick() prints a line now and then.
+        self.bar = tqdm.tqdm(total=total_steps, unit="step", unit_scale=True, dynamic_ncols=True, disable=None)
+        self.t_loop = self.t_shown = self.t_line = time.perf_counter()
+
+    def unit(self, global_step):
+        """A unit of the loop begins after global_step env steps: the fps window opens at the first one past
+        warm-up, and the profiler covers its first profile_steps."""
+        if self.t_window is None and global_step >= self.window_start:
+            self.t_window, self.steps_window = time.perf_counter(), global_step
+            if self.args.profile_dir:
+                cuda = self.device.type == "cuda"
+                self.profiler = profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda)
+                self.profiler.start()
+                # The breakdown tool counts env steps as the record does.
+                self.profiler.add_metadata_json("env_steps_per_call", str(self.steps_per_call))
+        elif self.profiler is not None and global_step >= self.steps_window + self.profile_steps:
+            self.save_profile()
+
+    def save_profile(self):
+        self.profiler.stop()
+        self.profiler.export_chrome_trace(os.path.join(self.args.profile_dir, f"{self.script}.trace.json"))
+        self.profiler = None
+
+    def tick(self, global_step):
+        """An env step is done, global_step in all. Every PROGRESS_SECONDS the bar (or, every CONSOLE_SECONDS,
+        a line) shows fps and mean return, the fps is logged, and tick returns True: the caller logs its losses."""
+        self.steps = global_step
+        if global_step >= self.next_curve:
+            if self.returns:
+                seconds, mean_return = time.perf_counter() - self.t_start, float(np.mean(self.returns))
+                self.curve.append([global_step, round(seconds, 3), round(mean_return, 2)])
+            self.next_curve = (global_step // self.curve_every + 1) * self.curve_every
+        now = time.perf_counter()
+        if now - self.t_shown < PROGRESS_SECONDS:
+            return False
+        self.t_shown = now
+        steady = self.t_window is not None and global_step > self.steps_window
+        if steady:
+            fps = (global_step - self.steps_window) / (now - self.t_window)
+        else:
+            fps = global_step / (now - self.t_loop)
+        mean_return = float(np.mean(self.returns)) if self.returns else float("nan")
+        status = f"fps {fps:.0f}{'' if steady else ' (warm-up)'}, return {mean_return:.1f}"
+        if not self.bar.disable:
+            self.bar.set_postfix_str(status, refresh=False)
+            self.bar.update(global_step - self.bar.n)
+        elif now - self.t_line >= CONSOLE_SECONDS:
+            self.t_line = now
+            eta = (self.total_steps - global_step) / max(fps, 1e-9) / 60
+            line = f"{self.script}: {global_step}/{self.total_steps} steps, {status}, eta {eta:.1f} min"
+            print(line, file=sys.stderr, flush=True)
+        self.log(global_step, {"charts/SPS": fps})
+        return True
+
+    def episode(self, global_step, episodic_return, length):
+        """A finished episode: its return counts in the mean shown and recorded, and both are logged."""
+        self.returns.append(float(episodic_return))
+        scalars = {"charts/episodic_return": float(episodic_return), "charts/episodic_length": int(length)}
+        self.log(global_step, scalars)
+
+    def log(self, global_step, scalars):
+        """Scalars to TensorBoard and, with --track, to wandb; tensor values are read back together, in one sync."""
+        tensors = [key for key, value in scalars.items() if isinstance(value, torch.Tensor)]
+        if tensors:
+            values = torch.stack([scalars[key].float().reshape(()) for key in tensors]).tolist()
+            scalars = {**scalars, **dict(zip(tensors, values))}
+        if self.writer is not None:
+            for key, value in scalars.items():
+                self.writer.add_scalar(key, value, global_step)
+        if self.args.track:
+            self.wandb.log(scalars, step=global_step)
+
+    def finish(self):
+        """The speed record: printed as the last stdout line, appended to --speed-log, and returned. After Ctrl-C
+        it covers the steps done; a run that never reached its fps window is measured over its whole loop."""
+        if self.interrupted:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the record short
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        t_end = time.perf_counter()
+        if self.profiler is not None:
+            self.save_profile()
+        if self.bar is not None:
+            self.bar.close()
+        if self.interrupted:
+            print(f"interrupted after {self.steps} env steps", file=sys.stderr, flush=True)
+        steady = self.t_window is not None and self.steps > self.steps_window
+        t_from, steps_from = (self.t_window, self.steps_window) if steady else (self.t_loop or t_end, 0)
+        record = {
+            "script": self.script,
+            "env_id": self.args.env_id,
+            "seed": self.args.seed,
+            "compile": getattr(self.args, "compile", False),
+            "cudagraphs": getattr(self.args, "cudagraphs", False),
+            "device": self.device.type,
+            "gpu": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
+            "cpu_count": os.cpu_count(),
+            "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
+            "total_timesteps": self.steps,
+            "fps": round((self.steps - steps_from) / (t_end - t_from), 1) if t_end > t_from else 0.0,
+            "steady": steady,
+            "interrupted": self.interrupted,
+            "fps_overall": round(self.steps / (t_end - self.t_start), 1),
+            "warmup_seconds": round(t_from - self.t_start, 3),
+            "wall_seconds": round(t_end - self.t_start, 3),
+            "episodic_return": round(float(np.mean(self.returns)), 2) if self.returns else None,
+            "return_curve": self.curve,
+        }
+        if self.writer is not None:
+            self.writer.close()
+        if self.args.track:
+            self.wandb.finish()
+        line = json.dumps(record)
+        if self.args.speed_log:
+            # One write of a whole line in append mode, so concurrent runs never interleave.
+            with open(self.args.speed_log, "a") as f:
+                f.write(line + "\n")
+        print(line, flush=True)
+        return record
+
+
+def train(args, meter):
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
-    run_name = f"{args.env_id}__{script}__{args.seed}__{int(time.time())}"
-    if args.track:
-        import wandb
-
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=run_name)
-
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    if args.cudagraphs and device.type != "cuda":
-        print("warning: --cudagraphs needs CUDA; running without CUDA graphs", file=sys.stderr)
-        args.cudagraphs = False
+    device, phase = meter.device, meter.phase
     # Every convolution has a fixed shape: let cuDNN pick the fastest algorithm for each once.
     torch.backends.cudnn.benchmark = device.type == "cuda"
-    # Named scopes for the profiler (--profile-dir); free when not profiling.
-    phase = record_function if args.profile_dir else lambda name: nullcontext()
 
     envs = make_envs(args.env_id, args.num_envs, args.seed)
     agent = Agent(args, envs.single_action_space.n, device)
-    gae, update, policy = make_update_fns(agent, args)
+    gae, update, policy, stats = make_update_fns(agent, args)
     rollout = Rollout(args.num_steps, args.num_envs, envs.single_observation_space.shape, device)
     episodes = EpisodeReturns(args.num_envs)
 
@@ -343,26 +571,13 @@ def main(argv=None):
     next_obs_host[:] = envs.reset()[0]
     next_done = np.zeros(args.num_envs, dtype=bool)
     global_step = 0
-    curve = []  # [global_step, seconds since start, mean return], for return-vs-time plots
-    curve_every = max(1, num_iterations // 50)
-    window_start = WARMUP_ITERATIONS
-    t_window = profiler = None
-    pbar = tqdm.tqdm(range(num_iterations), mininterval=1.0)
-    for iteration in pbar:
-        if iteration == window_start:
-            t_window, step_window = time.perf_counter(), global_step
-            if args.profile_dir:
-                profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA][: 1 + (device.type == "cuda")])
-                profiler.start()
-                # One env_step call steps every env: the breakdown tool counts env steps as the record does.
-                profiler.add_metadata_json("env_steps_per_call", str(args.num_envs))
-        elif profiler is not None and iteration == window_start + PROFILE_ITERATIONS:
-            save_profile(profiler, args.profile_dir, script)
-            profiler = None
-
+    steps = num_iterations * batch_size
+    meter.start(steps, WARMUP_ITERATIONS * batch_size, PROFILE_ITERATIONS * batch_size, args.num_envs)
+    for iteration in range(1, num_iterations + 1):
+        meter.unit(global_step)
         # Annealing the rate if instructed to do so.
         if args.anneal_lr:
-            agent.optimizer.param_groups[0]["lr"].fill_((1.0 - iteration / num_iterations) * args.learning_rate)
+            agent.optimizer.param_groups[0]["lr"].fill_((1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate)
 
         for step in range(args.num_steps):
             global_step += args.num_envs
@@ -392,9 +607,9 @@ def main(argv=None):
                 next_done = terminations | truncations
 
             with phase("other"):
-                for episodic_return in episodes.add(info, truncations):
-                    if args.track:
-                        wandb.log({"charts/episodic_return": episodic_return}, step=global_step)
+                for episodic_return, length in episodes.add(info, truncations):
+                    meter.episode(global_step, episodic_return, length)
+                meter.tick(global_step)
 
         with phase("data"):
             dones_host[-1] = next_done
@@ -422,71 +637,34 @@ def main(argv=None):
                     minibatch = (b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds])
                     minibatch += (b_advantages[mb_inds], b_returns[mb_inds], b_values[mb_inds])
                 with phase("update"):
-                    approx_kl, v_loss, pg_loss, entropy_loss, old_approx_kl, clipfrac = update(*minibatch)
+                    update(*minibatch)
 
-            if args.target_kl is not None and approx_kl > args.target_kl:
+            if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
                 break
 
         with phase("other"):
-            fps = (global_step - step_window) / (time.perf_counter() - t_window) if t_window else None
-            mean_return = float(np.mean(episodes.finished)) if episodes.finished else None
-            if (iteration + 1) % curve_every == 0 and mean_return is not None:
-                curve.append([global_step, round(time.perf_counter() - t_start, 3), round(mean_return, 2)])
-            pbar.set_description(f"fps: {fps or 0:.0f}, return: {mean_return or float('nan'):.1f}")
-            if args.track:
-                y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
-                var_y = np.var(y_true)
-                explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
-                wandb.log(
-                    {
-                        "charts/learning_rate": float(agent.optimizer.param_groups[0]["lr"]),
-                        "losses/value_loss": v_loss.item(),
-                        "losses/policy_loss": pg_loss.item(),
-                        "losses/entropy": entropy_loss.item(),
-                        "losses/old_approx_kl": old_approx_kl.item(),
-                        "losses/approx_kl": approx_kl.item(),
-                        "losses/clipfrac": clipfrac.item(),
-                        "losses/explained_variance": explained_var,
-                        "charts/SPS": fps or 0.0,
-                    },
-                    step=global_step,
-                )
-    if profiler is not None:
-        save_profile(profiler, args.profile_dir, script)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t_end = time.perf_counter()
-    pbar.close()
+            y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
+            var_y = np.var(y_true)
+            explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
+            scalars = {f"losses/{name}": stats[name] for name in STATS}
+            learning_rate = agent.optimizer.param_groups[0]["lr"]
+            scalars.update({"losses/explained_variance": explained_var, "charts/learning_rate": learning_rate})
+            meter.log(global_step, scalars)
     envs.close()
-    steps_in_window = global_step - step_window if t_window else 0
-    record = {
-        "script": script,
-        "env_id": args.env_id,
-        "seed": args.seed,
-        "compile": args.compile,
-        "cudagraphs": args.cudagraphs,
-        "device": device.type,
-        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "total_timesteps": global_step,
-        "fps": round(steps_in_window / (t_end - t_window), 1) if steps_in_window > 0 else None,
-        "fps_overall": round(global_step / (t_end - t_start), 1),
-        "warmup_seconds": round(t_window - t_start, 3) if steps_in_window > 0 else None,
-        "wall_seconds": round(t_end - t_start, 3),
-        "episodic_return": round(float(np.mean(episodes.finished)), 2) if episodes.finished else None,
-        "return_curve": curve,
-    }
-    if args.track:
-        wandb.finish()
-    line = json.dumps(record)
-    if args.speed_log:
-        # One write of a whole line in append mode, so concurrent runs never interleave.
-        with open(args.speed_log, "a") as f:
-            f.write(line + "\n")
-    print(line, flush=True)
-    return record
+
+
+def main(argv=None):
+    """Train as the arguments say; return the speed record, which Ctrl-C ends the run with too."""
+    argv = sys.argv[1:] if argv is None else argv
+    args = tyro.cli(Args, args=argv)
+    check_args(args, argv)
+    meter = Meter(args, os.path.basename(__file__)[: -len(".py")])
+    try:
+        train(args, meter)
+    except KeyboardInterrupt:
+        meter.interrupted = True
+    return meter.finish()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(130 if main()["interrupted"] else 0)

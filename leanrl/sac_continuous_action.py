@@ -1,10 +1,16 @@
 # SAC for continuous actions, as CleanRL defines it, in plain eager PyTorch.
 # Docs: docs/sac.md
 import json
+import logging
+import netrc
 import os
 import random
+import signal
 import sys
+import tempfile
 import time
+import urllib.parse
+import warnings
 from collections import deque
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -52,16 +58,20 @@ class Args:
     """automatic tuning of the entropy coefficient"""
     cuda: bool = True
     """use CUDA when it is available"""
+    torch_threads: int = 1
+    """torch's intra-op CPU threads (0: torch's default, one per core); see the README's CPU notes"""
     track: bool = False
     """track the experiment with Weights and Biases (honours WANDB_MODE)"""
     wandb_project_name: str = "leanrl"
     """the wandb project name"""
     wandb_entity: str | None = None
     """the entity (team) of the wandb project"""
+    tensorboard: bool = True
+    """write TensorBoard scalars under runs/<run name>/"""
     speed_log: str | None = None
     """append the final speed record (one JSON line) to this file"""
     profile_dir: str | None = None
-    """profile a short steady window after warm-up and write the trace into this directory"""
+    """profile the start of the steady window (after warm-up) and write the trace into this directory"""
 
 
 # Steps after learning_starts that count as warm-up: the fps window starts after them.
@@ -70,6 +80,16 @@ WARMUP_STEPS = 200
 PROFILE_STEPS = 100
 LOG_STD_MAX = 2
 LOG_STD_MIN = -5
+# The statistics of an update, in the order they are logged.
+STATS = ("qf_loss", "qf1_values", "qf2_values", "actor_loss", "alpha_loss")
+# Seconds between refreshes of the progress bar, and between progress lines where stderr is not a terminal.
+PROGRESS_SECONDS = 1.0
+CONSOLE_SECONDS = 10.0
+# Warnings that are not the user's concern (docs/contract.md says what each one is): (category, message).
+QUIET_WARNINGS = (
+    (DeprecationWarning, r".*The environment \S+-v4 is out of date"),
+    (UserWarning, r"Using lock_\(\) inside a compiled graph"),
+)
 
 
 def fail(message):
@@ -78,12 +98,34 @@ def fail(message):
     sys.exit(2)
 
 
-def check_args(args):
+def flag(args, name, argv):
+    """`--name value` for an error line, saying so when the value is a default that argv does not set."""
+    option = "--" + name.replace("_", "-")
+    given = any(a.split("=")[0].replace("_", "-") == option for a in argv)
+    return f"{option} {getattr(args, name)}" + ("" if given else " (the default)")
+
+
+def wandb_credentials():
+    """Whether wandb can log without asking for a key: offline or disabled, a key in the environment, or a
+    `wandb login` (which writes the key to ~/.netrc). Nothing goes over the network."""
+    if os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun") or os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urllib.parse.urlsplit(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).netloc
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def check_args(args, argv):
     for name in ("total_timesteps", "buffer_size", "batch_size", "policy_frequency", "target_network_frequency"):
         if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+            fail(f"{flag(args, name, argv)} must be positive")
     if not 0 <= args.learning_starts < args.total_timesteps:
-        fail(f"--learning-starts must be in [0, --total-timesteps), got {args.learning_starts}")
+        fail(
+            f"{flag(args, 'learning_starts', argv)} must be in [0, {flag(args, 'total_timesteps', argv)}): "
+            "pass a smaller --learning-starts"
+        )
 
 
 def make_env(env_id, seed):
@@ -224,30 +266,35 @@ def make_update_fns(agent, args):
         agent.q_optimizer.zero_grad()
         qf_loss.backward()
         agent.q_optimizer.step()
-        return torch.stack([qf_loss, qf1_a_values.mean(), qf2_a_values.mean()]).detach()
+        qf1_values, qf2_values = qf1_a_values.detach().mean(), qf2_a_values.detach().mean()
+        return {"qf_loss": qf_loss.detach(), "qf1_values": qf1_values, "qf2_values": qf2_values}
+
+    def actor_step(obs):
+        pi, log_pi, _ = agent.actor.get_action(obs)
+        min_qf_pi = torch.min(agent.qf1(obs, pi), agent.qf2(obs, pi))
+        actor_loss = ((agent.alpha * log_pi) - min_qf_pi).mean()
+
+        agent.actor_optimizer.zero_grad()
+        actor_loss.backward()
+        agent.actor_optimizer.step()
+
+        alpha_loss = torch.zeros((), device=obs.device)
+        if args.autotune:
+            with torch.no_grad():
+                _, log_pi, _ = agent.actor.get_action(obs)
+            alpha_loss = (-agent.log_alpha.exp() * (log_pi + agent.target_entropy)).mean()
+
+            agent.a_optimizer.zero_grad()
+            alpha_loss.backward()
+            agent.a_optimizer.step()
+            agent.alpha = agent.log_alpha.exp().item()
+        return {"actor_loss": actor_loss.detach(), "alpha_loss": alpha_loss.detach()}
 
     def update_actor(obs):
         # policy_frequency updates on the same batch, compensating for the delay
         for _ in range(args.policy_frequency):
-            pi, log_pi, _ = agent.actor.get_action(obs)
-            min_qf_pi = torch.min(agent.qf1(obs, pi), agent.qf2(obs, pi))
-            actor_loss = ((agent.alpha * log_pi) - min_qf_pi).mean()
-
-            agent.actor_optimizer.zero_grad()
-            actor_loss.backward()
-            agent.actor_optimizer.step()
-
-            alpha_loss = torch.zeros((), device=obs.device)
-            if args.autotune:
-                with torch.no_grad():
-                    _, log_pi, _ = agent.actor.get_action(obs)
-                alpha_loss = (-agent.log_alpha.exp() * (log_pi + agent.target_entropy)).mean()
-
-                agent.a_optimizer.zero_grad()
-                alpha_loss.backward()
-                agent.a_optimizer.step()
-                agent.alpha = agent.log_alpha.exp().item()
-        return torch.stack([actor_loss, alpha_loss]).detach()
+            outputs = actor_step(obs)
+        return outputs
 
     def update_targets():
         for net, target in ((agent.qf1, agent.qf1_target), (agent.qf2, agent.qf2_target)):
@@ -257,23 +304,201 @@ def make_update_fns(agent, args):
     return update_critic, update_actor, update_targets
 
 
-def main(argv=None):
-    args = tyro.cli(Args, args=argv)
-    check_args(args)
-    t_start = time.perf_counter()
-    script = os.path.basename(__file__)[: -len(".py")]
-    run_name = f"{args.env_id}__{script}__{args.seed}__{int(time.time())}"
-    if args.track:
-        import wandb
+class Meter:
+    """What every script measures, shows and logs, word for word the same in each (docs/contract.md): the fps
+    window after warm-up, the profiler, the progress bar or line, TensorBoard and wandb scalars, the return curve
+    and the speed record. The loop calls unit() as each unit of work (an env step, or a PPO iteration) begins and
+    tick() after each env step; finish() writes the record, after Ctrl-C too."""
 
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=run_name)
+    def __init__(self, args, script):
+        self.t_start = time.perf_counter()
+        self.args, self.script = args, script
+        self.run_name = f"{args.env_id}__{script}__{args.seed}__{int(time.time())}"
+        self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+        if getattr(args, "cudagraphs", False) and self.device.type != "cuda":
+            print("warning: --cudagraphs needs CUDA; running without CUDA graphs", file=sys.stderr)
+            args.cudagraphs = False
+        for category, message in QUIET_WARNINGS:
+            warnings.filterwarnings("ignore", message, category)
+        # torch.compile skips the profiler scopes inside optimizer steps, and says so; the steps are still timed.
+        logging.getLogger("torch._dynamo.variables.ctx_manager").setLevel(logging.ERROR)
+        if args.torch_threads:
+            torch.set_num_threads(args.torch_threads)
+        # Named scopes for the profiler (--profile-dir); free when not profiling.
+        self.phase = record_function if args.profile_dir else lambda name: nullcontext()
+        self.check_outputs()
+        self.writer = None
+        if args.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
 
+            self.writer = SummaryWriter(os.path.join("runs", self.run_name))
+            table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
+            self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
+        if args.track:
+            import wandb
+
+            config = vars(args)
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=config, name=self.run_name)
+            self.wandb = wandb
+        self.returns = deque(maxlen=20)
+        self.curve = []  # [global_step, seconds since start, mean return], for return-vs-time plots
+        self.steps, self.interrupted = 0, False
+        self.t_loop = self.t_window = self.profiler = self.bar = None
+
+    def check_outputs(self):
+        """Every output path is writable before training starts: missing folders are made, and one that cannot
+        be written is one error line."""
+        args = self.args
+        outputs = [("--speed-log", args.speed_log, False), ("--profile-dir", args.profile_dir, True)]
+        if args.tensorboard:
+            outputs.append(("the TensorBoard folder (or --no-tensorboard)", os.path.join("runs", self.run_name), True))
+        for option, path, folder in outputs:
+            if path is None:
+                continue
+            try:
+                os.makedirs(path if folder else os.path.dirname(path) or ".", exist_ok=True)
+                if folder:
+                    tempfile.TemporaryFile(dir=path).close()
+                else:
+                    open(path, "a").close()  # appends nothing: what the file holds stays as it is
+            except OSError as e:
+                fail(f"{option} {path} cannot be written: {e.strerror or e}")
+        if args.track and not wandb_credentials():
+            fail("--track needs wandb credentials: run `wandb login`, set WANDB_API_KEY, or set WANDB_MODE=offline")
+
+    def start(self, total_steps, window_start, profile_steps, steps_per_call):
+        """The loop's plan in env steps: its length, the step where the fps window opens (warm-up done), the
+        steps --profile-dir profiles from there, and the env steps one env_step phase takes."""
+        self.total_steps, self.window_start = total_steps, window_start
+        self.profile_steps, self.steps_per_call = profile_steps, steps_per_call
+        self.curve_every = self.next_curve = max(1, total_steps // 50)
+        # A bar on a terminal; elsewhere (logs, CI) tqdm shows none and tick() prints a line now and then.
+        self.bar = tqdm.tqdm(total=total_steps, unit="step", unit_scale=True, dynamic_ncols=True, disable=None)
+        self.t_loop = self.t_shown = self.t_line = time.perf_counter()
+
+    def unit(self, global_step):
+        """A unit of the loop begins after global_step env steps: the fps window opens at the first one past
+        warm-up, and the profiler covers its first profile_steps."""
+        if self.t_window is None and global_step >= self.window_start:
+            self.t_window, self.steps_window = time.perf_counter(), global_step
+            if self.args.profile_dir:
+                cuda = self.device.type == "cuda"
+                self.profiler = profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda)
+                self.profiler.start()
+                # The breakdown tool counts env steps as the record does.
+                self.profiler.add_metadata_json("env_steps_per_call", str(self.steps_per_call))
+        elif self.profiler is not None and global_step >= self.steps_window + self.profile_steps:
+            self.save_profile()
+
+    def save_profile(self):
+        self.profiler.stop()
+        self.profiler.export_chrome_trace(os.path.join(self.args.profile_dir, f"{self.script}.trace.json"))
+        self.profiler = None
+
+    def tick(self, global_step):
+        """An env step is done, global_step in all. Every PROGRESS_SECONDS the bar (or, every CONSOLE_SECONDS,
+        a line) shows fps and mean return, the fps is logged, and tick returns True: the caller logs its losses."""
+        self.steps = global_step
+        if global_step >= self.next_curve:
+            if self.returns:
+                seconds, mean_return = time.perf_counter() - self.t_start, float(np.mean(self.returns))
+                self.curve.append([global_step, round(seconds, 3), round(mean_return, 2)])
+            self.next_curve = (global_step // self.curve_every + 1) * self.curve_every
+        now = time.perf_counter()
+        if now - self.t_shown < PROGRESS_SECONDS:
+            return False
+        self.t_shown = now
+        steady = self.t_window is not None and global_step > self.steps_window
+        if steady:
+            fps = (global_step - self.steps_window) / (now - self.t_window)
+        else:
+            fps = global_step / (now - self.t_loop)
+        mean_return = float(np.mean(self.returns)) if self.returns else float("nan")
+        status = f"fps {fps:.0f}{'' if steady else ' (warm-up)'}, return {mean_return:.1f}"
+        if not self.bar.disable:
+            self.bar.set_postfix_str(status, refresh=False)
+            self.bar.update(global_step - self.bar.n)
+        elif now - self.t_line >= CONSOLE_SECONDS:
+            self.t_line = now
+            eta = (self.total_steps - global_step) / max(fps, 1e-9) / 60
+            line = f"{self.script}: {global_step}/{self.total_steps} steps, {status}, eta {eta:.1f} min"
+            print(line, file=sys.stderr, flush=True)
+        self.log(global_step, {"charts/SPS": fps})
+        return True
+
+    def episode(self, global_step, episodic_return, length):
+        """A finished episode: its return counts in the mean shown and recorded, and both are logged."""
+        self.returns.append(float(episodic_return))
+        scalars = {"charts/episodic_return": float(episodic_return), "charts/episodic_length": int(length)}
+        self.log(global_step, scalars)
+
+    def log(self, global_step, scalars):
+        """Scalars to TensorBoard and, with --track, to wandb; tensor values are read back together, in one sync."""
+        tensors = [key for key, value in scalars.items() if isinstance(value, torch.Tensor)]
+        if tensors:
+            values = torch.stack([scalars[key].float().reshape(()) for key in tensors]).tolist()
+            scalars = {**scalars, **dict(zip(tensors, values))}
+        if self.writer is not None:
+            for key, value in scalars.items():
+                self.writer.add_scalar(key, value, global_step)
+        if self.args.track:
+            self.wandb.log(scalars, step=global_step)
+
+    def finish(self):
+        """The speed record: printed as the last stdout line, appended to --speed-log, and returned. After Ctrl-C
+        it covers the steps done; a run that never reached its fps window is measured over its whole loop."""
+        if self.interrupted:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the record short
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        t_end = time.perf_counter()
+        if self.profiler is not None:
+            self.save_profile()
+        if self.bar is not None:
+            self.bar.close()
+        if self.interrupted:
+            print(f"interrupted after {self.steps} env steps", file=sys.stderr, flush=True)
+        steady = self.t_window is not None and self.steps > self.steps_window
+        t_from, steps_from = (self.t_window, self.steps_window) if steady else (self.t_loop or t_end, 0)
+        record = {
+            "script": self.script,
+            "env_id": self.args.env_id,
+            "seed": self.args.seed,
+            "compile": getattr(self.args, "compile", False),
+            "cudagraphs": getattr(self.args, "cudagraphs", False),
+            "device": self.device.type,
+            "gpu": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
+            "cpu_count": os.cpu_count(),
+            "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
+            "total_timesteps": self.steps,
+            "fps": round((self.steps - steps_from) / (t_end - t_from), 1) if t_end > t_from else 0.0,
+            "steady": steady,
+            "interrupted": self.interrupted,
+            "fps_overall": round(self.steps / (t_end - self.t_start), 1),
+            "warmup_seconds": round(t_from - self.t_start, 3),
+            "wall_seconds": round(t_end - self.t_start, 3),
+            "episodic_return": round(float(np.mean(self.returns)), 2) if self.returns else None,
+            "return_curve": self.curve,
+        }
+        if self.writer is not None:
+            self.writer.close()
+        if self.args.track:
+            self.wandb.finish()
+        line = json.dumps(record)
+        if self.args.speed_log:
+            # One write of a whole line in append mode, so concurrent runs never interleave.
+            with open(self.args.speed_log, "a") as f:
+                f.write(line + "\n")
+        print(line, flush=True)
+        return record
+
+
+def train(args, meter):
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    # Named scopes for the profiler (--profile-dir); free when not profiling.
-    phase = record_function if args.profile_dir else lambda name: nullcontext()
+    device, phase = meter.device, meter.phase
 
     envs = make_envs(args.env_id, args.seed)
     n_obs = int(np.prod(envs.single_observation_space.shape))
@@ -282,26 +507,12 @@ def main(argv=None):
     agent = Agent(args, n_obs, n_act, space.low, space.high, device)
     update_critic, update_actor, update_targets = make_update_fns(agent, args)
     rb = ReplayBuffer(args.buffer_size, n_obs, n_act, device)
+    stats = {}  # the latest value of each of STATS
 
     obs, _ = envs.reset(seed=args.seed)
-    returns = deque(maxlen=20)
-    curve = []  # [global_step, seconds since start, mean return], for return-vs-time plots
-    curve_every = max(1000, args.total_timesteps // 50)
-    window_start = min(args.learning_starts + WARMUP_STEPS, args.total_timesteps)
-    t_window = profiler = None
-    pbar = tqdm.tqdm(range(args.total_timesteps), mininterval=1.0)
-    for global_step in pbar:
-        if global_step == window_start:
-            t_window = time.perf_counter()
-            if args.profile_dir:
-                profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA][: 1 + (device.type == "cuda")])
-                profiler.start()
-        elif profiler is not None and global_step == min(window_start + PROFILE_STEPS, args.total_timesteps - 1):
-            profiler.stop()
-            os.makedirs(args.profile_dir, exist_ok=True)
-            profiler.export_chrome_trace(os.path.join(args.profile_dir, f"{script}.trace.json"))
-            profiler = None
-
+    meter.start(args.total_timesteps, args.learning_starts + WARMUP_STEPS, PROFILE_STEPS, 1)
+    for global_step in range(args.total_timesteps):
+        meter.unit(global_step)
         with phase("policy"):
             if global_step < args.learning_starts:
                 actions = envs.action_space.sample()
@@ -318,9 +529,8 @@ def main(argv=None):
             if "final_obs" in infos:
                 for i in np.flatnonzero(infos["_final_obs"]):
                     real_next_obs[i] = infos["final_obs"][i]
-                    returns.append(float(infos["final_info"]["episode"]["r"][i]))
-                    if args.track:
-                        wandb.log({"charts/episodic_return": returns[-1]}, step=global_step)
+                    episode = infos["final_info"]["episode"]
+                    meter.episode(global_step, episode["r"][i], episode["l"][i])
             rb.add(obs[0], real_next_obs[0], actions[0], rewards[0], terminations[0])
             obs = next_obs
 
@@ -328,68 +538,31 @@ def main(argv=None):
             with phase("data"):
                 obs_b, actions_b, rewards_b, next_obs_b, dones_b = rb.sample(args.batch_size)
             with phase("update"):
-                q_info = update_critic(obs_b, actions_b, rewards_b, next_obs_b, dones_b)
+                stats.update(update_critic(obs_b, actions_b, rewards_b, next_obs_b, dones_b))
                 if global_step % args.policy_frequency == 0:  # TD3-style delayed update
-                    actor_info = update_actor(obs_b)
+                    stats.update(update_actor(obs_b))
                 if global_step % args.target_network_frequency == 0:
                     update_targets()
 
-        if global_step % curve_every == 0 and global_step > 0:
-            with phase("other"):
-                fps = (global_step - window_start) / (time.perf_counter() - t_window) if t_window else None
-                mean_return = float(np.mean(returns)) if returns else None
-                if mean_return is not None:
-                    curve.append([global_step, round(time.perf_counter() - t_start, 3), round(mean_return, 2)])
-                pbar.set_description(f"fps: {fps or 0:.0f}, return: {mean_return or float('nan'):.1f}")
-                if args.track and global_step > args.learning_starts + args.policy_frequency:
-                    qf_loss, qf1_a, qf2_a = q_info.tolist()
-                    actor_loss, alpha_loss = actor_info.tolist()
-                    wandb.log(
-                        {
-                            "losses/qf_loss": qf_loss,
-                            "losses/qf1_values": qf1_a,
-                            "losses/qf2_values": qf2_a,
-                            "losses/actor_loss": actor_loss,
-                            "losses/alpha": float(agent.alpha),
-                            "losses/alpha_loss": alpha_loss,
-                            "charts/SPS": fps or 0.0,
-                        },
-                        step=global_step,
-                    )
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t_end = time.perf_counter()
-    pbar.close()
+        with phase("other"):
+            if meter.tick(global_step + 1) and global_step >= args.learning_starts + args.policy_frequency:
+                losses = {f"losses/{name}": stats[name] for name in STATS}
+                meter.log(global_step, {**losses, "losses/alpha": agent.alpha})
     envs.close()
-    steps_in_window = args.total_timesteps - window_start
-    record = {
-        "script": script,
-        "env_id": args.env_id,
-        "seed": args.seed,
-        "compile": False,
-        "cudagraphs": False,
-        "device": device.type,
-        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "total_timesteps": args.total_timesteps,
-        "fps": round(steps_in_window / (t_end - t_window), 1) if steps_in_window > 0 else None,
-        "fps_overall": round(args.total_timesteps / (t_end - t_start), 1),
-        "warmup_seconds": round(t_window - t_start, 3) if steps_in_window > 0 else None,
-        "wall_seconds": round(t_end - t_start, 3),
-        "episodic_return": round(float(np.mean(returns)), 2) if returns else None,
-        "return_curve": curve,
-    }
-    if args.track:
-        wandb.finish()
-    line = json.dumps(record)
-    if args.speed_log:
-        # One write of a whole line in append mode, so concurrent runs never interleave.
-        with open(args.speed_log, "a") as f:
-            f.write(line + "\n")
-    print(line, flush=True)
-    return record
+
+
+def main(argv=None):
+    """Train as the arguments say; return the speed record, which Ctrl-C ends the run with too."""
+    argv = sys.argv[1:] if argv is None else argv
+    args = tyro.cli(Args, args=argv)
+    check_args(args, argv)
+    meter = Meter(args, os.path.basename(__file__)[: -len(".py")])
+    try:
+        train(args, meter)
+    except KeyboardInterrupt:
+        meter.interrupted = True
+    return meter.finish()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(130 if main()["interrupted"] else 0)
