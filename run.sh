@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The speed matrix: every script of leanrl/ for each seed, each *_torchcompile.py in four modes (no flags,
-# --compile, --cudagraphs, both). Each run's log goes to DIR/logs/, its speed record to DIR/records.jsonl;
-# then leanrl/tools/speed_report.py renders DIR/speed.md, DIR/fps.png and DIR/returns.png.
+# --compile, --cudagraphs, both). The plan (one run name a line) goes to DIR/plan.txt before the first run,
+# each run's log to DIR/logs/, its speed record to DIR/records.jsonl; then leanrl/tools/speed_report.py
+# renders DIR/speed.md (which names failed, interrupted and missing runs), DIR/fps.png and DIR/returns.png.
 #
 #   ./run.sh [--scripts a,b] [--seeds 1,2,3] [--quick] [--out DIR] [-- extra script args]
 #
@@ -9,17 +10,23 @@
 #   --seeds    comma-separated seeds (default: 1)
 #   --quick    short horizons that still pass warm-up and measure a steady window
 #   --out      output directory (default: runs/<date-time>); rerunning with the same DIR resumes: runs
-#              recorded there with status ok are skipped, failed ones run again
+#              recorded there with status ok are skipped, failed and interrupted ones run again
 #   -- ARGS    passed to every script after the run.sh arguments, so they override --quick's
 #
-# PYTHON picks the interpreter (default: python). Exit code: 0 when every run succeeded, 1 when one failed,
-# 2 for bad options.
+# While a run goes, a line every HEARTBEAT seconds (default 10) shows its latest progress line and, once a
+# run has finished, the time the matrix has left (the mean time of the finished runs times the runs left).
+# Ctrl-C stops the current run (its record says interrupted), records it as interrupted, renders the report
+# and says how to resume. PYTHON picks the interpreter (default: python). Exit code: 0 when every run
+# succeeded, 1 when one failed, 2 for bad options, 130 when interrupted.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPORT="$ROOT/leanrl/tools/speed_report.py"
 PYTHON="${PYTHON:-python}"
-SCRIPTS="" SEEDS="1" QUICK=0 OUT="$ROOT/runs/$(date +%Y%m%d-%H%M%S)"
+HEARTBEAT="${HEARTBEAT:-10}"
+SCRIPTS="" SEEDS="1" QUICK=0 OUT="$ROOT/runs/$(date +%Y%m%d-%H%M%S)" OUT_GIVEN=0
 EXTRA=()
+ARGV=("$@")
 
 fail() {
   echo "error: $*" >&2
@@ -33,7 +40,7 @@ while [ $# -gt 0 ]; do
       case "$1" in
         --scripts) SCRIPTS="$2" ;;
         --seeds) SEEDS="$2" ;;
-        --out) OUT="$2" ;;
+        --out) OUT="$2" OUT_GIVEN=1 ;;
       esac
       shift 2
       ;;
@@ -45,6 +52,9 @@ while [ $# -gt 0 ]; do
 done
 
 [[ "$SEEDS" =~ ^[0-9]+(,[0-9]+)*$ ]] || fail "--seeds must be comma-separated non-negative integers, got '$SEEDS'"
+[[ "$HEARTBEAT" =~ ^[0-9]*\.?[0-9]+$ && ! "$HEARTBEAT" =~ ^[0.]+$ ]] ||
+  fail "HEARTBEAT must be a positive number of seconds, got '$HEARTBEAT'"
+command -v "$PYTHON" >/dev/null || fail "PYTHON=$PYTHON: no such interpreter"
 if [ -z "$SCRIPTS" ]; then
   # Discovered at run time, so scripts added later join the matrix.
   SCRIPTS="$(for f in "$ROOT"/leanrl/*.py; do basename "$f" .py; done | paste -sd, -)"
@@ -80,90 +90,134 @@ mode_flags() {
   esac
 }
 
-mkdir -p "$OUT/logs" || fail "cannot create $OUT/logs"
-OUT="$(cd "$OUT" && pwd)"
-RECORDS="$OUT/records.jsonl"
-CPU_MODEL="$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | sed 's/^ *//')"
-trap 'echo "interrupted: rerun with --out $OUT to resume" >&2; exit 130' INT TERM
-
-# Whether RECORDS holds an ok record of this script, mode and seed.
-recorded_ok() {
-  "$PYTHON" - "$RECORDS" "$@" <<'EOF'
-import json, sys
-
-path, script, mode, seed = sys.argv[1:]
-try:
-    with open(path) as f:
-        lines = f.read().splitlines()
-except FileNotFoundError:
-    sys.exit(1)
-for line in lines:
-    try:
-        r = json.loads(line)
-    except json.JSONDecodeError:
-        continue
-    if (r.get("script"), r.get("mode"), str(r.get("seed")), r.get("status")) == (script, mode, seed, "ok"):
-        sys.exit(0)
-sys.exit(1)
-EOF
+# Whether the newline-separated list $2 holds the line $1.
+in_list() {
+  case $'\n'"$2"$'\n' in
+    *$'\n'"$1"$'\n'*) return 0 ;;
+  esac
+  return 1
 }
 
-# Append the run's speed record (from its --speed-log side file) to RECORDS with mode, log, status, date and
-# CPU model added; a run that exited non-zero or wrote no record goes in as failed with its exit code.
-append_record() {
-  "$PYTHON" - "$RECORDS" "$CPU_MODEL" "$@" <<'EOF'
-import json, sys, time
-
-path, cpu_model, side, script, mode, seed, log, code = sys.argv[1:]
-try:
-    with open(side) as f:
-        record = json.loads(f.read().splitlines()[-1])
-except (OSError, IndexError, json.JSONDecodeError):
-    record = None
-ok = code == "0" and record is not None
-entry = record if ok else {"script": script, "seed": int(seed)}
-entry.update(mode=mode, log=log, status="ok" if ok else "failed", exit_code=int(code), cpu_model=cpu_model,
-             date=time.strftime("%Y-%m-%d %H:%M:%S"))
-with open(path, "a") as f:
-    f.write(json.dumps(entry) + "\n")
-print(f"ok, {entry['fps']} fps" if ok else f"FAILED (exit code {code}), see {log}")
-sys.exit(0 if ok else 1)
-EOF
-}
-
-total=0
-for seed in "${SEED_LIST[@]}"; do
-  for s in "${SCRIPT_LIST[@]}"; do
-    for mode in $(modes "$s"); do total=$((total + 1)); done
+# The arguments as one shell command line: words of plain characters as they are, others quoted.
+shell_words() {
+  local a q out=""
+  for a in "$@"; do
+    if [[ "$a" =~ ^[A-Za-z0-9_./,:=+@%-]+$ ]]; then out+=" $a"; else printf -v q '%q' "$a" && out+=" $q"; fi
   done
-done
+  echo "${out# }"
+}
 
-echo "run.sh: $total runs into $OUT"
-n=0 failed=0
+# Seconds as 42s, 7m05s or 1h02m.
+duration() {
+  local s=$1
+  if [ "$s" -ge 3600 ]; then
+    printf '%dh%02dm' $((s / 3600)) $((s % 3600 / 60))
+  elif [ "$s" -ge 60 ]; then
+    printf '%dm%02ds' $((s / 60)) $((s % 60))
+  else
+    printf '%ds' "$s"
+  fi
+}
+
+# Run in the background while a run goes: every HEARTBEAT seconds, the run's position and time so far, its
+# log's latest progress line ("<script>: 12000/1000000 steps, fps ..., eta ... min") and, given the mean time
+# of a finished run ($3, -1: none yet) and the runs left after this one ($4), the time the matrix has left.
+heartbeat() {
+  local label=$1 log=$2 mean=$3 after=$4 start=$SECONDS nap="" line left now
+  trap '[ -n "$nap" ] && kill "$nap" 2>/dev/null; exit 0' TERM
+  while :; do
+    sleep "$HEARTBEAT" &
+    nap=$!
+    wait "$nap"
+    line="$(tail -c 65536 "$log" 2>/dev/null | tr '\r' '\n' | grep -aE '^[^ ]+: [0-9]+/[0-9]+ steps' | tail -n 1)"
+    left=""
+    if [ "$mean" -ge 0 ]; then
+      now=$((SECONDS - start))
+      left="; matrix: about $(duration $(((mean > now ? mean - now : 0) + mean * after))) left"
+    fi
+    echo "  $label, $(duration $((SECONDS - start))): ${line:-no progress line yet}$left"
+  done
+}
+
+mkdir -p "$OUT/logs" 2>/dev/null || fail "cannot create $OUT/logs"
+OUT="$(cd "$OUT" && pwd)"
+PLAN="$OUT/plan.txt"
+
+# The plan, in order: seed, script, mode. A run's name is its log's name and its line in plan.txt.
+NAMES=() RUN_SCRIPT=() RUN_MODE=() RUN_SEED=()
 for seed in "${SEED_LIST[@]}"; do
+  seed=$((10#$seed))
   for s in "${SCRIPT_LIST[@]}"; do
     for mode in $(modes "$s"); do
-      n=$((n + 1))
-      name="${s}__${mode}__s${seed}"
-      if recorded_ok "$s" "$mode" "$seed"; then
-        echo "[$n/$total] $name: done before, skipped"
-        continue
-      fi
-      args=($(mode_flags "$mode") --seed "$seed")
-      [ "$QUICK" = 1 ] && args+=($(quick_args "$s"))
-      side="$OUT/logs/$name.record"
-      rm -f "$side"
-      echo -n "[$n/$total] $name: "
-      "$PYTHON" "$ROOT/leanrl/$s.py" "${args[@]}" ${EXTRA[@]+"${EXTRA[@]}"} --speed-log "$side" \
-        >"$OUT/logs/$name.log" 2>&1
-      code=$?
-      append_record "$side" "$s" "$mode" "$seed" "logs/$name.log" "$code" || failed=$((failed + 1))
-      rm -f "$side"
+      NAMES+=("${s}__${mode}__s${seed}") RUN_SCRIPT+=("$s") RUN_MODE+=("$mode") RUN_SEED+=("$seed")
     done
   done
 done
+total=${#NAMES[@]}
 
-"$PYTHON" "$ROOT/leanrl/tools/speed_report.py" "$OUT" || exit 1
+# The runs recorded ok before, read once; a records.jsonl that cannot be read is one error line.
+DONE="$("$PYTHON" "$REPORT" done "$OUT")" || exit 2
+
+# plan.txt keeps the runs of earlier calls with this DIR too: the report names those never recorded.
+planned=""
+[ ! -f "$PLAN" ] || planned="$(cat "$PLAN" 2>/dev/null)" || fail "cannot read $PLAN"
+for name in "${NAMES[@]}"; do
+  in_list "$name" "$planned" && continue
+  { echo "$name" >>"$PLAN"; } 2>/dev/null || fail "cannot write $PLAN"
+  planned+=$'\n'"$name"
+done
+
+todo=0
+for name in "${NAMES[@]}"; do in_list "$name" "$DONE" || todo=$((todo + 1)); done
+
+# Ctrl-C reaches the running script too, which ends with a record marked interrupted; the loop then stops.
+INTERRUPTED=0
+trap 'INTERRUPTED=1' INT TERM
+
+echo "run.sh: $total runs into $OUT ($((total - todo)) done before, $todo to run; plan in plan.txt)"
+ran=0 spent=0 failed=0
+for i in "${!NAMES[@]}"; do
+  [ "$INTERRUPTED" = 0 ] || break
+  n=$((i + 1)) name="${NAMES[i]}" s="${RUN_SCRIPT[i]}" mode="${RUN_MODE[i]}" seed="${RUN_SEED[i]}"
+  if in_list "$name" "$DONE"; then
+    echo "[$n/$total] $name: done before, skipped"
+    continue
+  fi
+  args=($(mode_flags "$mode") --seed "$seed")
+  [ "$QUICK" = 1 ] && args+=($(quick_args "$s"))
+  side="$OUT/logs/$name.record" log="logs/$name.log"
+  rm -f "$side"
+  echo "[$n/$total] $name: running, log in $log"
+  heartbeat "[$n/$total] $name" "$OUT/$log" $((ran > 0 ? spent / ran : -1)) $((todo - ran - 1)) &
+  beat=$!
+  started=$SECONDS
+  "$PYTHON" "$ROOT/leanrl/$s.py" "${args[@]}" ${EXTRA[@]+"${EXTRA[@]}"} --speed-log "$side" >"$OUT/$log" 2>&1
+  code=$?
+  took=$((SECONDS - started))
+  kill "$beat" 2>/dev/null
+  wait "$beat" 2>/dev/null
+  ran=$((ran + 1)) spent=$((spent + took))
+  result="$("$PYTHON" "$REPORT" append "$OUT" --side "$side" --script "$s" --mode "$mode" --seed "$seed" \
+    --log "$log" --exit-code "$code")"
+  case $? in
+    0) ;;
+    2) exit 2 ;; # records.jsonl cannot be written: the error line is out
+    *) failed=$((failed + 1)) ;;
+  esac
+  rm -f "$side"
+  left=$((todo - ran)) eta=""
+  [ "$left" -gt 0 ] && [ "$INTERRUPTED" = 0 ] &&
+    eta="; $left to run, about $(duration $((spent * left / ran))) left"
+  echo "[$n/$total] $name: ${result:-not recorded}, took $(duration "$took")$eta"
+done
+
+if [ "$INTERRUPTED" = 1 ]; then
+  "$PYTHON" "$REPORT" "$OUT"
+  [ "$OUT_GIVEN" = 1 ] && resume=("$0") || resume=("$0" --out "$OUT")
+  echo "interrupted: rerun with --out $OUT to resume: $(shell_words "${resume[@]}" ${ARGV[@]+"${ARGV[@]}"})" >&2
+  exit 130
+fi
+"$PYTHON" "$REPORT" "$OUT" || exit 1
 [ "$failed" = 0 ] || {
   echo "run.sh: $failed of $total runs failed" >&2
   exit 1

@@ -139,7 +139,7 @@ def check_args(args, argv):
     if args.total_timesteps < args.num_envs * args.num_steps:
         fail(f"{flag(args, 'total_timesteps', argv)} is below one rollout, {batch}")
     if args.target_kl is not None and args.target_kl <= 0:
-        fail(f"--target-kl must be positive, got {args.target_kl}")
+        fail(f"--target-kl {args.target_kl} must be positive")
 
 
 def make_envs(env_id, num_envs, seed):
@@ -299,12 +299,6 @@ def make_update_fns(agent, args):
     return gae, update
 
 
-def save_profile(profiler, profile_dir, script):
-    profiler.stop()
-    os.makedirs(profile_dir, exist_ok=True)
-    profiler.export_chrome_trace(os.path.join(profile_dir, f"{script}.trace.json"))
-
-
 class Meter:
     """What every script measures, shows and logs, word for word the same in each (docs/contract.md): the fps
     window after warm-up, the profiler, the progress bar or line, TensorBoard and wandb scalars, the return curve
@@ -329,12 +323,6 @@ class Meter:
         self.phase = record_function if args.profile_dir else lambda name: nullcontext()
         self.check_outputs()
         self.writer = None
-        if args.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(os.path.join("runs", self.run_name))
-            table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
-            self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
         if args.track:
             import wandb
 
@@ -352,7 +340,7 @@ class Meter:
         args = self.args
         outputs = [("--speed-log", args.speed_log, False), ("--profile-dir", args.profile_dir, True)]
         if args.tensorboard:
-            outputs.append(("the TensorBoard folder (or --no-tensorboard)", os.path.join("runs", self.run_name), True))
+            outputs.append(("the TensorBoard folder (or --no-tensorboard)", "runs", True))
         for option, path, folder in outputs:
             if path is None:
                 continue
@@ -372,6 +360,13 @@ class Meter:
         steps --profile-dir profiles from there, and the env steps one env_step phase takes."""
         self.total_steps, self.window_start = total_steps, window_start
         self.profile_steps, self.steps_per_call = profile_steps, steps_per_call
+        if self.args.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            # Made here, once the env and the networks are built: input they refuse leaves no run folder behind.
+            self.writer = SummaryWriter(os.path.join("runs", self.run_name))
+            table = "\n".join(f"|{key}|{value}|" for key, value in vars(self.args).items())
+            self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
         self.curve_every = self.next_curve = max(1, total_steps // 50)
         # A bar on a terminal; elsewhere (logs, CI) tqdm shows none and tick() prints a line now and then.
         self.bar = tqdm.tqdm(total=total_steps, unit="step", unit_scale=True, dynamic_ncols=True, disable=None)
@@ -459,6 +454,10 @@ class Meter:
             self.bar.close()
         if self.interrupted:
             print(f"interrupted after {self.steps} env steps", file=sys.stderr, flush=True)
+        if self.returns and (not self.curve or self.curve[-1][0] < self.steps):
+            seconds, mean_return = t_end - self.t_start, float(np.mean(self.returns))
+            # The curve ends where the run did.
+            self.curve.append([self.steps, round(seconds, 3), round(mean_return, 2)])
         steady = self.t_window is not None and self.steps > self.steps_window
         t_from, steps_from = (self.t_window, self.steps_window) if steady else (self.t_loop or t_end, 0)
         record = {

@@ -1,14 +1,14 @@
 """breakdown.py: on the traces of tiny profiled SAC runs (both scripts), on a hand-built CUDA trace whose
-every number is known, and on bad input."""
+every number is known, the speed record it finds through speed_report.py's reader, and on bad input."""
 
 import json
 
 import pytest
-from conftest import assert_one_line_error, load_script, run_cli
+from helpers import assert_one_line_error, load_script, run_cli
 
 TOOL = "tools/breakdown"
 TINY = ["--total-timesteps", "400", "--learning-starts", "50", "--batch-size", "16", "--buffer-size", "1000"]
-# The loop's own bookkeeping between phases (the for loop, tqdm) may take this share of the profiled wall.
+# The loop's own bookkeeping between phases (the for statement, meter.unit) may take this share of the profiled wall.
 OUTSIDE_TOLERANCE = 0.05
 
 
@@ -136,6 +136,41 @@ def test_synthetic_cuda_trace(tmp_path):
     assert "| fps under the profiler | 5000 |" in md and "fps under the profiler / fps in the record: 0.50" in md
 
 
+def test_record_through_the_shared_reader(tmp_path, monkeypatch):
+    """The record beside a trace is the last one of its script that finished ok with a steady fps, as
+    speed_report.py reads records; the tool finds it when run from any folder."""
+    d = tmp_path / "gpu"
+    d.mkdir()
+    (d / "fake.trace.json").write_text(json.dumps(synthetic_trace()))
+    flags = {"compile": True, "cudagraphs": True}
+    records = [
+        {"script": "fake", "fps": 8000.0, "steady": True, "interrupted": False, **flags},
+        {"script": "other", "fps": 1.0, **flags},  # another script's
+        {"script": "fake", "fps": 2.0, "steady": False, "interrupted": False, **flags},  # too short for the window
+        {"script": "fake", "fps": 3.0, "steady": True, "interrupted": True, **flags},  # stopped by Ctrl-C
+        {"script": "fake", "fps": None, **flags},  # an old record without a steady window
+        {"script": "fake", "fps": 4.0, "status": "failed", **flags},
+        {"script": "fake", "fps": 5.0, "status": "interrupted", **flags},
+    ]
+    (d / "a.jsonl").write_text(json.dumps({"script": "fake", "fps": 100.0, **flags}) + "\n")
+    (d / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))  # read after a.jsonl
+    breakdown = load_script(TOOL)
+    assert breakdown.load_record(str(d), "fake")["fps"] == 8000.0
+    assert breakdown.load_record(str(d), "missing") is None
+    # it asks speed_report.py
+    monkeypatch.setattr(breakdown.speed_report, "last_steady_record", lambda directory, script: {"fps": -1.0})
+    assert breakdown.load_record(str(d), "fake") == {"fps": -1.0}
+    monkeypatch.undo()
+
+    proc = run_cli(TOOL, d, "--out", tmp_path / "out", cwd=tmp_path)  # from outside the repository
+    assert proc.returncode == 0, proc.stderr
+    md = (tmp_path / "out" / "breakdown.md").read_text()
+    assert "| fps in the speed record | 8000 |" in md and "fps under the profiler / fps in the record: 0.62" in md
+
+    (d / "b.jsonl").write_text(json.dumps(records[0]) + "\n[1, 2]\n")
+    assert_one_line_error(run_cli(TOOL, d, "--out", tmp_path / "out"), "b.jsonl:2", "not a JSON record")
+
+
 def test_bad_input(tmp_path):
     empty, garbage, unannotated = (tmp_path / n for n in ("empty", "garbage", "unannotated"))
     for d in (empty, garbage, unannotated):
@@ -147,3 +182,4 @@ def test_bad_input(tmp_path):
         assert proc.returncode == 2
         assert_one_line_error(proc, str(d), fragment)
     assert not (tmp_path / "out").exists()
+    assert_one_line_error(run_cli(TOOL, empty), "--out")

@@ -1,6 +1,6 @@
 """PPO Atari: both scripts through full iterations in every mode, the same first rollout in both, policy, GAE
 and update equivalence of the compiled variant with the baseline, whole-game episode returns, updates that
-improve a fixed batch, bad input."""
+improve a fixed batch, TensorBoard scalars, Ctrl-C, bad input."""
 
 import json
 from types import SimpleNamespace
@@ -8,16 +8,23 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from conftest import (
+from helpers import (
     MODES,
     assert_cudagraphs_fallback,
     assert_one_line_error,
+    assert_return_curve,
     assert_same_update,
+    assert_steady,
+    assert_trace_phases,
     load_script,
+    mode_id,
     requires_cuda,
+    run_bad_input,
     run_cli,
+    run_interrupted,
     run_main,
     run_mode,
+    tensorboard_scalars,
 )
 
 BASE, FAST = "ppo_atari_envpool", "ppo_atari_envpool_torchcompile"
@@ -26,19 +33,18 @@ NUM_ENVS, NUM_STEPS, N_ACT = 2, 16, 4
 # shapes, so torch.compile reuses the kernels it built for these runs.
 SIZES = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2"]
 TINY = SIZES + ["--update-epochs", "1", "--total-timesteps", "128"]
-PHASES = ("env_step", "policy", "data", "update", "other")
+pytestmark = pytest.mark.usefixtures("workdir")
 
 
 def test_baseline_iterations(capsys):
     record = run_main(BASE, TINY, capsys)
     assert record["compile"] is False and record["cudagraphs"] is False
-    assert record["total_timesteps"] == 128 and record["fps"] > 0 and record["warmup_seconds"] > 0
+    assert_steady(record, 128)
 
 
-@pytest.mark.parametrize("mode", MODES, ids=lambda m: "+".join(m) or "eager")
+@pytest.mark.parametrize("mode", MODES, ids=mode_id)
 def test_compiled_iterations(mode, capsys):
-    record = run_mode(FAST, TINY, mode, capsys)
-    assert record["total_timesteps"] == 128 and record["fps"] > 0
+    assert_steady(run_mode(FAST, TINY, mode, capsys), 128)
 
 
 def record_run(name, argv, capsys, monkeypatch):
@@ -76,7 +82,8 @@ def record_run(name, argv, capsys, monkeypatch):
 @pytest.mark.parametrize("name", [BASE, FAST])
 def test_early_stop_fixed_lr_profile_and_speed_log(name, tmp_path, capsys, monkeypatch):
     """--target-kl stops an iteration's epochs once the policy has moved; --no-anneal-lr keeps the learning
-    rate; whole iterations only; --profile-dir writes a trace with the phases; --speed-log gets the record."""
+    rate; whole iterations only; --profile-dir writes a trace with the phases; --speed-log gets the record;
+    TensorBoard gets the learning rate and every statistic at the end of each iteration."""
     log = tmp_path / "speed.jsonl"
     argv = SIZES + ["--total-timesteps", "150", "--update-epochs", "2", "--target-kl", "1e-9", "--no-anneal-lr",
                     "--learning-rate", "0.01", "--profile-dir", str(tmp_path), "--speed-log", str(log)]  # fmt: skip
@@ -87,10 +94,14 @@ def test_early_stop_fixed_lr_profile_and_speed_log(name, tmp_path, capsys, monke
     assert len(seen.updates) == 4 * 2
     assert float(seen.agents[0].optimizer.param_groups[0]["lr"]) == pytest.approx(0.01)
     assert [json.loads(line) for line in log.read_text().splitlines()] == [record]
-    trace = json.loads((tmp_path / f"{name}.trace.json").read_text())
-    names = {event.get("name") for event in trace["traceEvents"]}
-    assert set(PHASES) <= names
-    assert int(trace["env_steps_per_call"]) == 2, "one env_step call steps both envs"
+    # One env_step call steps both envs: the breakdown tool counts env steps as the record does.
+    assert_trace_phases(tmp_path, name, env_steps_per_call=NUM_ENVS)
+    scalars = tensorboard_scalars(name, "Breakout-v5")
+    iteration_ends = [32, 64, 96, 128]
+    assert scalars["charts/learning_rate"] == [(step, pytest.approx(0.01)) for step in iteration_ends]
+    for stat in (*load_script(name).STATS, "explained_variance"):
+        steps, values = zip(*scalars[f"losses/{stat}"])
+        assert list(steps) == iteration_ends and np.isfinite(values).all(), stat
 
 
 def test_first_rollout_matches_baseline(capsys, monkeypatch):
@@ -98,7 +109,7 @@ def test_first_rollout_matches_baseline(capsys, monkeypatch):
     values, rewards and done flags in the same slots, and the same advantages. This checks the compiled
     variant's staging (pinned buffers, send/recv, one copy per iteration) against the baseline's plain loop."""
     argv = ["--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "1",
-            "--total-timesteps", "128"]  # fmt: skip
+            "--total-timesteps", "128", "--no-tensorboard"]  # fmt: skip
     _, base = record_run(BASE, argv, capsys, monkeypatch)
     _, fast = record_run(FAST, argv, capsys, monkeypatch)
     rollout_b, rollout_f = base.rollouts[0], fast.rollouts[0]
@@ -117,11 +128,12 @@ def test_finished_games_give_returns(capsys):
             "--total-timesteps", "512"]  # fmt: skip
     record = run_main(BASE, argv, capsys)
     assert record["episodic_return"] is not None and record["episodic_return"] >= 0
-    assert record["return_curve"] and record["return_curve"][-1][0] == 512
+    assert_return_curve(record)
 
 
 @pytest.mark.parametrize("name", [BASE, FAST])
 def test_episode_returns_are_whole_games_of_unclipped_reward(name):
+    """Each game that ends gives its (return, length): unclipped rewards summed over every life."""
     episodes = load_script(name).EpisodeReturns(2)
 
     def step(reward, lives, terminated, truncated):
@@ -132,11 +144,10 @@ def test_episode_returns_are_whole_games_of_unclipped_reward(name):
     assert step([4.0, 1.0], [5, 5], [0, 0], [False, False]) == []
     assert step([0.0, 7.0], [4, 5], [0, 0], [False, False]) == []  # env 0 loses a life: its game goes on
     assert step([0.0, 0.0], [4, 5], [0, 0], [False, False]) == []  # envpool's reset step after a lost life
-    assert step([1.0, 0.0], [0, 5], [1, 0], [False, False]) == [5.0]  # game over: 4 + 1, unclipped
-    assert step([0.0, 1.0], [5, 5], [0, 0], [False, True]) == [9.0]  # env 1 hits the time limit: 1 + 7 + 1
+    assert step([1.0, 0.0], [0, 5], [1, 0], [False, False]) == [(5.0, 4)]  # game over: 4 + 1, unclipped
+    assert step([0.0, 1.0], [5, 5], [0, 0], [False, True]) == [(9.0, 5)]  # env 1 hits the time limit: 1 + 7 + 1
     assert step([7.0, 0.0], [5, 5], [0, 0], [False, False]) == []  # env 0's new game starts from zero
-    assert step([0.0, 0.0], [0, 0], [1, 1], [False, False]) == [7.0, 0.0]
-    assert list(episodes.finished) == [5.0, 9.0, 7.0, 0.0]
+    assert step([0.0, 0.0], [0, 0], [1, 1], [False, False]) == [(7.0, 3), (0.0, 2)]
 
 
 def random_rollout(gen):
@@ -166,8 +177,15 @@ def make_pair(compile, cudagraphs, device):
 def check_equivalence(compile, cudagraphs, device, calls=4):
     """Same parameters and data: the policy, GAE and several minibatch updates (with the learning rate changed
     in between, as annealing does) give the same outputs and parameters in both scripts. The baseline gets
-    float frames, the compiled variant uint8 ones. Enough calls that graphs are captured and replayed."""
-    (agent_b, (gae_b, update_b)), (agent_f, (gae_f, update_f, policy_f)) = make_pair(compile, cudagraphs, device)
+    float frames, the compiled variant uint8 ones. Enough calls that graphs are captured and replayed. The compiled
+    variant's update writes its statistics into the same fixed tensors each time, and its policy records no
+    autograd graph."""
+    (agent_b, (gae_b, update_b)), (agent_f, (gae_f, update_f, policy_f, stats_f)) = make_pair(
+        compile, cudagraphs, device
+    )
+    stats_names = load_script(BASE).STATS
+    assert load_script(FAST).STATS == stats_names and list(stats_f) == list(stats_names)
+    fixed = [value.data_ptr() for value in stats_f.values()]
     # GPU kernels of compiled and eager code round differently
     tol = dict(atol=1e-5, rtol=1e-4) if device == "cpu" else dict(atol=1e-4, rtol=1e-3)
     gen = torch.Generator().manual_seed(1)
@@ -179,7 +197,9 @@ def check_equivalence(compile, cudagraphs, device, calls=4):
         with torch.no_grad():
             action_b, logprob_b, _, value_b = agent_b.network.get_action_and_value(obs[0].float())
         torch.manual_seed(10 * i)
-        for out_f, out_b in zip(policy_f(obs[0]), (action_b, logprob_b, value_b.flatten())):
+        outs_f = policy_f(obs[0])
+        assert not any(out.requires_grad for out in outs_f), "the policy acts without autograd"
+        for out_f, out_b in zip(outs_f, (action_b, logprob_b, value_b.flatten()), strict=True):
             torch.testing.assert_close(out_f, out_b, **tol)
 
         advantages_b, returns_b = gae_b(next_obs.float(), next_done, rewards, values, dones)
@@ -196,27 +216,26 @@ def check_equivalence(compile, cudagraphs, device, calls=4):
         minibatch = (actions[mb], logprobs[mb], advantages_b.flatten()[mb], returns_b.flatten()[mb])
         minibatch += (values.flatten()[mb],)
         stats_b = update_b(obs.flatten(0, 1)[mb].float(), *minibatch)
-        stats_f = update_f(obs.flatten(0, 1)[mb], *minibatch)
-        for s_f, s_b in zip(stats_f, stats_b):
-            torch.testing.assert_close(s_f, s_b, **tol)
+        assert update_f(obs.flatten(0, 1)[mb], *minibatch) is None and list(stats_b) == list(stats_names)
+        for name in stats_names:
+            torch.testing.assert_close(stats_f[name], stats_b[name], **tol, msg=name)
         for p0, (name, p_b), p_f in zip(initial, agent_b.network.named_parameters(), agent_f.network.parameters()):
             assert_same_update(p0, p_b.detach(), p_f.detach(), name=name)
     # The updates really moved the parameters.
     assert all(not torch.equal(p0, p) for p0, p in zip(initial, agent_f.network.parameters()))
+    assert [value.data_ptr() for value in stats_f.values()] == fixed
 
 
 @pytest.mark.parametrize("compile", [False, True], ids=["eager", "compile"])
+@pytest.mark.usefixtures("eager_random")
 def test_equivalence_with_baseline(compile):
-    if compile:
-        # Inductor draws random numbers its own way by default; use eager's to compare draw for draw.
-        torch._inductor.config.fallback_random = True
     check_equivalence(compile, cudagraphs=False, device="cpu")
 
 
 @requires_cuda
 @pytest.mark.parametrize("compile", [False, True], ids=["cudagraphs", "compile+cudagraphs"])
+@pytest.mark.usefixtures("eager_random")
 def test_equivalence_with_baseline_cuda(compile, monkeypatch):
-    torch._inductor.config.fallback_random = True
     # Full float32 convolutions in both scripts (matmuls already are), so that the tolerance stays tight.
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     check_equivalence(compile, cudagraphs=True, device="cuda")
@@ -248,11 +267,10 @@ def test_updates_improve_a_fixed_batch():
     assert (new_values.flatten() - returns).abs().max() < 1.0
 
 
-def run_bad_input(name, argv, capsys):
-    """Run main() in this process (far quicker than a new one) on input it must refuse."""
-    with pytest.raises(SystemExit) as exit_info:
-        load_script(name).main(argv)
-    return SimpleNamespace(returncode=exit_info.value.code, stderr=capsys.readouterr().err)
+@pytest.mark.parametrize("name", [BASE, FAST])
+def test_ctrl_c_ends_with_the_record(name, capsys, monkeypatch):
+    """Ctrl-C within the first rollout: the record covers the 20 env steps done and says it was cut short."""
+    run_interrupted(name, TINY + ["--no-tensorboard"], 20, capsys, monkeypatch)
 
 
 @pytest.mark.parametrize("name", [BASE, FAST])
@@ -261,25 +279,24 @@ def run_bad_input(name, argv, capsys):
     [
         (["--env-id", "NoSuchGame-v5"], ["NoSuchGame-v5"]),
         (["--env-id", "CartPole-v1"], ["CartPole-v1", "Atari"]),
-        (["--num-minibatches", "3"], ["--num-minibatches", "evenly"]),
-        (["--num-envs", "0"], ["--num-envs"]),
-        (["--num-steps", "-1"], ["--num-steps"]),
-        (["--update-epochs", "0"], ["--update-epochs"]),
+        # Values the user did not pass are named as defaults.
+        (["--num-minibatches", "3"],
+         ["--num-envs 8 (the default) * --num-steps 128 (the default) = 1024", "evenly", "--num-minibatches 3"]),
+        (["--num-envs", "0"], ["--num-envs 0 must be positive"]),
+        (["--num-steps", "-1"], ["--num-steps -1 must be positive"]),
+        (["--update-epochs", "0"], ["--update-epochs 0 must be positive"]),
         (["--target-kl", "0"], ["--target-kl"]),
-        (["--total-timesteps", "100"], ["--total-timesteps"]),
+        (["--total-timesteps", "100"], ["--total-timesteps 100 ", "below one rollout"]),
     ],
 )
 def test_bad_input(name, argv, fragments, capsys):
-    proc = run_bad_input(name, argv, capsys)
-    assert proc.returncode == 2
-    assert_one_line_error(proc, *fragments)
+    assert_one_line_error(run_bad_input(name, argv, capsys), *fragments)
 
 
 @pytest.mark.parametrize("name", [BASE, FAST])
 def test_bad_input_cli(name):
-    proc = run_cli(name, "--env-id", "NoSuchGame-v5")
-    assert proc.returncode == 2
-    assert_one_line_error(proc, "NoSuchGame-v5")
+    """As a user sees it: exit code 2 and one line, no traceback."""
+    assert_one_line_error(run_cli(name, "--env-id", "NoSuchGame-v5"), "NoSuchGame-v5")
 
 
 def test_cudagraphs_without_cuda_warns_once():

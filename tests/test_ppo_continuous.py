@@ -1,22 +1,27 @@
-"""PPO continuous: both scripts through full iterations in every mode, GAE and update equivalence of the
-compiled variant with the baseline, bootstrapping at truncations, a learning test, bad input."""
-
-import json
-from types import SimpleNamespace
+"""PPO continuous: both scripts through full iterations in every mode, the TensorBoard scalars and the profile,
+GAE and update equivalence of the compiled variant with the baseline, bootstrapping at truncations, a learning
+test, Ctrl-C, bad input."""
 
 import numpy as np
 import pytest
 import torch
-from conftest import (
+from helpers import (
     MODES,
     assert_cudagraphs_fallback,
     assert_one_line_error,
+    assert_return_curve,
     assert_same_update,
+    assert_steady,
+    assert_trace_phases,
     load_script,
+    mode_id,
     requires_cuda,
+    run_bad_input,
     run_cli,
+    run_interrupted,
     run_main,
     run_mode,
+    tensorboard_scalars,
 )
 
 BASE, FAST = "ppo_continuous_action", "ppo_continuous_action_torchcompile"
@@ -29,21 +34,14 @@ TOTAL = ITERATIONS * NUM_ENVS * NUM_STEPS
 TINY = ["--env-id", "Pendulum-v1", "--num-envs", str(NUM_ENVS), "--num-steps", str(NUM_STEPS),
         "--num-minibatches", str(NUM_ENVS * NUM_STEPS // MINIBATCH), "--update-epochs", "2",
         "--total-timesteps", str(TOTAL)]  # fmt: skip
-
-
-@pytest.fixture
-def eager_random():
-    """Inductor draws random numbers as eager code does, so compiled and eager runs compare draw for draw."""
-    with torch._inductor.config.patch(fallback_random=True):
-        yield
+pytestmark = pytest.mark.usefixtures("workdir")
 
 
 def check_record(record):
-    assert record["fps"] > 0 and record["warmup_seconds"] > 0
+    assert_steady(record, TOTAL)
     # Pendulum's own rewards lie in [-16.3, 0]: these are raw returns of 200-step episodes, not normalized ones.
     assert -16.3 * 200 < record["episodic_return"] < -200
-    steps = [point[0] for point in record["return_curve"]]
-    assert steps == sorted(steps) and steps[-1] == record["total_timesteps"] == TOTAL
+    assert_return_curve(record)
 
 
 @pytest.mark.parametrize(
@@ -57,7 +55,7 @@ def test_baseline_iterations(extra, capsys):
     check_record(record)
 
 
-@pytest.mark.parametrize("mode", MODES, ids=lambda m: "+".join(m) or "eager")
+@pytest.mark.parametrize("mode", MODES, ids=mode_id)
 @pytest.mark.usefixtures("eager_random")  # as in the equivalence tests, which then reuse these graphs
 def test_compiled_iterations(mode, capsys):
     record = run_mode(FAST, TINY, mode, capsys)
@@ -87,8 +85,8 @@ def test_target_kl_stops_epochs(name, target_kl, epochs, monkeypatch, capsys):
 
 @pytest.mark.parametrize("name", [BASE, FAST])
 def test_anneal_lr(name, monkeypatch, capsys):
-    """The learning rate falls linearly from --learning-rate towards zero, once per iteration; with
-    --no-anneal-lr it stays."""
+    """The learning rate falls linearly from --learning-rate towards zero, once per iteration, and TensorBoard gets
+    it, with every statistic of the iteration's last update; with --no-anneal-lr it stays."""
     script = load_script(name)
     rates = []
     set_learning_rate = script.Agent.set_learning_rate
@@ -100,18 +98,23 @@ def test_anneal_lr(name, monkeypatch, capsys):
     monkeypatch.setattr(script.Agent, "set_learning_rate", recording)
     run_main(name, TINY + ["--learning-rate", "0.003"], capsys)
     assert rates == pytest.approx([0.003 * (1 - i / ITERATIONS) for i in range(ITERATIONS)])
+    scalars = tensorboard_scalars(name, "Pendulum-v1")
+    iteration_ends = [(i + 1) * NUM_ENVS * NUM_STEPS for i in range(ITERATIONS)]
+    assert scalars["charts/learning_rate"] == [(step, pytest.approx(lr)) for step, lr in zip(iteration_ends, rates)]
+    for stat in (*script.STATS, "explained_variance"):
+        steps, values = zip(*scalars[f"losses/{stat}"])
+        assert list(steps) == iteration_ends and np.isfinite(values).all(), stat
     rates.clear()
-    run_main(name, TINY + ["--no-anneal-lr"], capsys)
+    run_main(name, TINY + ["--no-anneal-lr", "--no-tensorboard"], capsys)
     assert rates == []
 
 
 @pytest.mark.parametrize("name", [BASE, FAST])
 def test_profile_dir(name, tmp_path, capsys):
-    record = run_main(name, TINY + ["--target-kl", "1e-4", "--profile-dir", str(tmp_path)], capsys)
-    assert record["fps"] > 0
-    trace = json.loads((tmp_path / f"{name}.trace.json").read_text())
-    names = {event.get("name") for event in trace["traceEvents"]}
-    assert {"policy", "env_step", "data", "update"} <= names
+    record = run_main(name, TINY + ["--target-kl", "1e-4", "--profile-dir", str(tmp_path / "profile")], capsys)
+    assert_steady(record, TOTAL)
+    # One env_step call steps every env: the breakdown tool counts env steps as the record does.
+    assert_trace_phases(tmp_path / "profile", name, env_steps_per_call=NUM_ENVS)
 
 
 @pytest.mark.parametrize("name", [BASE, FAST])
@@ -227,7 +230,7 @@ def make_pair(compile, cudagraphs, device, **kwargs):
 def check_gae(compile, cudagraphs, device, num_steps, num_envs, calls=1):
     """Same rewards, values, dones and next observation: the same advantages and returns. Several calls with
     new data each, so that graph replays are covered."""
-    (_, (gae_b, _)), (_, (gae_f, _, _)) = make_pair(compile, cudagraphs, device, num_steps=num_steps)
+    (_, (gae_b, _)), (_, (gae_f, *_)) = make_pair(compile, cudagraphs, device, num_steps=num_steps)
     tol = 1e-5 if device == "cpu" else 1e-4  # GPU kernels of compiled and eager code round differently
     gen = torch.Generator().manual_seed(1)
     for _ in range(calls):
@@ -258,11 +261,15 @@ def test_gae_equivalence_compiled():
 def check_update(compile, cudagraphs, device, updates=4, **kwargs):
     """Same parameters and minibatches: each update gives the same statistics and parameters in both scripts,
     with the learning rate changed between updates (annealing), over several updates so that the optimizer state
-    and graph replays are covered. The acting policy of the compiled variant sees the trained weights: its first
+    and graph replays are covered. The compiled variant's update writes its statistics into the same fixed
+    tensors each time. Its acting policy sees the trained weights without recording an autograd graph: its first
     action is the baseline's draw for draw, and each call's log-probability and value are the baseline's."""
-    (agent_b, (_, update_b)), (agent_f, (_, update_f, policy_f)) = make_pair(
+    (agent_b, (_, update_b)), (agent_f, (_, update_f, policy_f, stats_f)) = make_pair(
         compile, cudagraphs, device, learning_rate=1e-2, **kwargs
     )
+    stats_names = load_script(BASE).STATS
+    assert load_script(FAST).STATS == stats_names and list(stats_f) == list(stats_names)
+    fixed = [value.data_ptr() for value in stats_f.values()]
     tol = 1e-5 if device == "cpu" else 1e-3  # GPU kernels of compiled and eager code round differently
     initial = [p.detach().clone() for p in agent_f.net.parameters()]
     gen = torch.Generator().manual_seed(1)
@@ -278,12 +285,13 @@ def check_update(compile, cudagraphs, device, updates=4, **kwargs):
         for agent in (agent_b, agent_f):
             agent.set_learning_rate(1e-2 / (i + 1))
         stats_b = update_b(*minibatch)
-        stats_f = update_f(*minibatch)
-        torch.testing.assert_close(stats_f, stats_b, atol=tol, rtol=tol)
+        assert update_f(*minibatch) is None and list(stats_b) == list(stats_names)
+        for name in stats_names:
+            torch.testing.assert_close(stats_f[name], stats_b[name], atol=tol, rtol=tol, msg=name)
         for p0, (name, p_b), p_f in zip(initial, agent_b.net.named_parameters(), agent_f.net.parameters()):
             assert_same_update(p0, p_b.detach(), p_f.detach(), name=name)
-    clipfrac = load_script(BASE).STATS.index("clipfrac")
-    assert 0 < stats_b[clipfrac] < 1
+    assert 0 < stats_b["clipfrac"] < 1
+    assert [value.data_ptr() for value in stats_f.values()] == fixed
     assert all(not torch.equal(p0, p) for p0, p in zip(initial, agent_f.net.parameters()))
     obs = obs[:NUM_ENVS]
     torch.manual_seed(5)
@@ -292,13 +300,13 @@ def check_update(compile, cudagraphs, device, updates=4, **kwargs):
     for call in range(4):  # with --cudagraphs: warm-up calls, capture, replay
         torch.manual_seed(5)
         action, logprob, value = policy_f(obs)
+        assert not any(x.requires_grad for x in (action, logprob, value)), "the policy acts without autograd"
         if call == 0:
             torch.testing.assert_close(action, expected_action, atol=tol, rtol=tol)
         with torch.no_grad():
             _, expected_logprob, _, expected_value = agent_b.net.get_action_and_value(obs, action)
         torch.testing.assert_close(logprob, expected_logprob, atol=tol, rtol=tol)
         torch.testing.assert_close(value, expected_value.flatten(), atol=tol, rtol=tol)
-    assert not any(p.requires_grad for p in agent_f.inference.parameters())
     # make_act's round trip (pinned copies; under --cudagraphs captured with the policy) gives the policy's
     # outputs draw for draw, reading a new observation at each call: warm-up calls, capture, replays.
     fast = load_script(FAST)
@@ -341,39 +349,43 @@ def test_learns_inverted_pendulum(name, capsys):
                              "--num-minibatches", "4", "--learning-rate", "1e-3", "--total-timesteps", "4096"],
                       capsys)  # fmt: skip
     assert record["episodic_return"] > 40
+    assert_return_curve(record)
+
+
+@pytest.mark.parametrize("name", [BASE, FAST])
+def test_ctrl_c_ends_with_the_record(name, capsys, monkeypatch):
+    """Ctrl-C within the first rollout: the record covers the 100 env steps done and says it was cut short."""
+    run_interrupted(name, TINY + ["--no-tensorboard"], 100, capsys, monkeypatch)
 
 
 BAD_INPUT = [
     (["--env-id", "NoSuchEnv-v0"], ["NoSuchEnv-v0"]),
     (["--env-id", "CartPole-v1"], ["CartPole-v1", "continuous"]),
-    (["--num-steps", "100", "--num-minibatches", "32"], ["--num-envs * --num-steps", "100", "--num-minibatches"]),
-    (["--num-steps", "8", "--num-minibatches", "8"], ["--num-minibatches", "--norm-adv"]),
-    (["--num-envs", "0"], ["--num-envs"]),
-    (["--num-steps", "-1"], ["--num-steps"]),
-    (["--num-minibatches", "0"], ["--num-minibatches"]),
-    (["--update-epochs", "0"], ["--update-epochs"]),
-    (["--learning-rate", "0"], ["--learning-rate"]),
-    (["--gamma", "1.5"], ["--gamma"]),
-    (["--total-timesteps", "1000"], ["--total-timesteps", "2048"]),
-    (["--target-kl", "-0.1"], ["--target-kl"]),
+    # Values the user did not pass are named as defaults.
+    (["--num-steps", "100", "--num-minibatches", "32"],
+     ["--num-envs 1 (the default) * --num-steps 100 = 100", "--num-minibatches 32"]),
+    (["--num-steps", "8", "--num-minibatches", "8"], ["--num-minibatches 8 ", "--norm-adv"]),
+    (["--num-envs", "0"], ["--num-envs 0 must be positive"]),
+    (["--num-steps", "-1"], ["--num-steps -1 must be positive"]),
+    (["--num-minibatches", "0"], ["--num-minibatches 0 must be positive"]),
+    (["--update-epochs", "0"], ["--update-epochs 0 must be positive"]),
+    (["--learning-rate", "0"], ["--learning-rate 0.0 must be positive"]),
+    (["--gamma", "1.5"], ["--gamma 1.5 must be in [0, 1]"]),
+    (["--total-timesteps", "1000"], ["--total-timesteps 1000 ", "(the default) = 2048"]),
+    (["--target-kl", "-0.1"], ["--target-kl", "-0.1"]),
 ]
 
 
 @pytest.mark.parametrize("name", [BASE, FAST])
 @pytest.mark.parametrize("argv, fragments", BAD_INPUT, ids=[" ".join(argv) for argv, _ in BAD_INPUT])
 def test_bad_input(name, argv, fragments, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        load_script(name).main(argv)
-    assert exit_info.value.code == 2
-    assert_one_line_error(SimpleNamespace(returncode=2, stderr=capsys.readouterr().err), *fragments)
+    assert_one_line_error(run_bad_input(name, argv, capsys), *fragments)
 
 
 @pytest.mark.parametrize("name", [BASE, FAST])
 def test_bad_input_cli(name):
     """As a user sees it: exit code 2 and one line, no traceback."""
-    proc = run_cli(name, "--num-steps", "100", "--num-minibatches", "32")
-    assert proc.returncode == 2
-    assert_one_line_error(proc, "--num-minibatches")
+    assert_one_line_error(run_cli(name, "--num-steps", "100", "--num-minibatches", "32"), "--num-minibatches 32")
 
 
 def test_cudagraphs_without_cuda_warns_once():

@@ -8,7 +8,6 @@ time that overlaps CPU work; plus framework op calls, CUDA launches and synchron
 Writes OUT/breakdown.md and OUT/breakdown.png. The method is in docs/profiling.md.
 """
 
-import argparse
 import bisect
 import glob
 import json
@@ -21,6 +20,13 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+# speed_report.py, beside this file, reads the speed records. Run as a script, this folder is on sys.path
+# already; loaded from elsewhere (the tests), it is put there.
+TOOLS = os.path.dirname(os.path.abspath(__file__))
+if TOOLS not in sys.path:
+    sys.path.insert(0, TOOLS)
+import speed_report  # noqa: E402
 
 PHASES = ("env_step", "policy", "data", "update", "other")
 OUTSIDE = "outside phases"
@@ -147,20 +153,12 @@ def load_trace(path):
 
 
 def load_record(directory, script):
-    """The last successful speed record of `script` in DIR/*.jsonl (the --speed-log of the profiled run)."""
-    record = None
-    for path in sorted(glob.glob(os.path.join(directory, "*.jsonl"))):
-        with open(path) as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    r = json.loads(line)
-                except json.JSONDecodeError:
-                    fail(f"{path}:{n} is not a JSON speed record")
-                if r.get("script") == script and r.get("status", "ok") == "ok" and r.get("fps"):
-                    record = r
-    return record
+    """The last successful speed record of `script`, with a steady fps, in DIR/*.jsonl (the --speed-log of the
+    profiled run), read by speed_report.py, the one reader of the record format; None if there is none."""
+    try:
+        return speed_report.last_steady_record(directory, script)
+    except speed_report.RecordError as e:
+        fail(str(e))
 
 
 def analyze(path):
@@ -351,12 +349,15 @@ def render_figure(entries, out):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = speed_report.Parser(prog="breakdown.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("dirs", nargs="+", metavar="DIR", help="directories holding *.trace.json from --profile-dir")
     parser.add_argument("--out", required=True, help="directory for breakdown.md and breakdown.png")
     args = parser.parse_args(argv)
     entries = collect(args.dirs)
-    os.makedirs(args.out, exist_ok=True)
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        fail(f"--out {args.out} cannot be made: {e.strerror or e}")
     render_markdown(entries, args.out)
     render_figure(entries, args.out)
     print(os.path.join(args.out, "breakdown.md"))

@@ -18,7 +18,7 @@ import envpool
 import numpy as np
 import torch
 import torch.nn as nn
-from tensordict import from_module, from_modules
+import torch.nn.functional as F
 
 N_OBS, N_ACT, HIDDEN, BATCH, BUFFER, TAU = 17, 6, 256, 256, 100_000, 0.005
 
@@ -42,41 +42,57 @@ def check_same(name, before, after):
             raise AssertionError(f"{name}: the trick changes the result")
 
 
-def acting_copy(device):
-    """Acting with the trained actor (its parameters require grad) against a detached copy sharing storage."""
+class QNetwork(nn.Module):
+    """SAC's and TD3's Q network: the observation and action concatenated, then a 256-256 MLP."""
+
+    def __init__(self, device):
+        super().__init__()
+        self.fc1 = nn.Linear(N_OBS + N_ACT, HIDDEN, device=device)
+        self.fc2 = nn.Linear(HIDDEN, HIDDEN, device=device)
+        self.fc3 = nn.Linear(HIDDEN, 1, device=device)
+
+    def forward(self, x, a):
+        x = torch.cat([x, a], 1)
+        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+
+
+def acting_no_grad(device):
+    """Acting with the trained actor as it is (its parameters require grad, so each call records an autograd
+    graph) against the same call under torch.no_grad(), as the twins' policies act."""
     actor = mlp(N_OBS, N_ACT, device)
-    actor_detach = mlp(N_OBS, N_ACT, "meta")
-    from_module(actor).data.to_module(actor_detach)
-    actor_detach.requires_grad_(False)
     obs = np.random.default_rng(0).standard_normal(N_OBS).astype(np.float32)
 
     def before():
         return actor(torch.as_tensor(obs, device=device)).detach().cpu().numpy()
 
     def after():
-        return actor_detach(torch.as_tensor(obs, device=device)).cpu().numpy()
+        with torch.no_grad():
+            return actor(torch.as_tensor(obs, device=device)).cpu().numpy()
 
     return before, after, lambda f: (f(),)
 
 
 def vmap_ensemble(device):
-    """Two Q networks' forward and backward, one after the other against one vmap over stacked parameters."""
-    q1, q2 = mlp(N_OBS + N_ACT, 1, device), mlp(N_OBS + N_ACT, 1, device)
-    stacked = from_modules(q1, q2, as_module=True)
-    params = dict(stacked.flatten_keys(".").items())
-    qnet = mlp(N_OBS + N_ACT, 1, "meta")
-    x = torch.randn(BATCH, N_OBS + N_ACT, device=device)
-    y = torch.randn(BATCH, 1, device=device)
+    """Two Q networks' forward and backward, one after the other, against one vmap of functional_call over their
+    parameters stacked by torch.func.stack_module_state, evaluated through a network without storage (meta), as
+    the SAC and TD3 twins do."""
+    q1, q2 = QNetwork(device), QNetwork(device)
+    params, _ = torch.func.stack_module_state([q1, q2])  # {name: (2, ...) leaf tensor}, a copy of both
+    qnet = QNetwork("meta")
+    obs = torch.randn(BATCH, N_OBS, device=device)
+    act = torch.randn(BATCH, N_ACT, device=device)
+    y = torch.randn(BATCH, device=device)
 
     def before():
-        loss = ((q1(x) - y) ** 2).mean() + ((q2(x) - y) ** 2).mean()
+        loss = F.mse_loss(q1(obs, act).view(-1), y) + F.mse_loss(q2(obs, act).view(-1), y)
         q1.zero_grad(set_to_none=True), q2.zero_grad(set_to_none=True)
         loss.backward()
         return loss
 
     def after():
-        q = torch.vmap(lambda p: torch.func.functional_call(qnet, p, (x,)))(params)
-        loss = ((q - y) ** 2).mean(dim=(1, 2)).sum()
+        q = torch.vmap(lambda p: torch.func.functional_call(qnet, p, (obs, act)))(params)
+        q1_values, q2_values = q.view(2, -1)
+        loss = F.mse_loss(q1_values, y) + F.mse_loss(q2_values, y)
         for p in params.values():
             p.grad = None
         loss.backward()
@@ -84,20 +100,22 @@ def vmap_ensemble(device):
 
     def results(f):
         loss = f()
-        grads = [p.grad for p in params.values()] if f is after else None
-        if grads is None:
+        if f is before:
             grads = [torch.stack([a.grad, b.grad]) for a, b in zip(q1.parameters(), q2.parameters())]
+        else:
+            grads = [p.grad for p in params.values()]
         return (loss.detach(), *[g.detach().clone() for g in grads])
 
     return before, after, results
 
 
 def lerp_targets(device):
-    """CleanRL's target update, a Python loop of two ops per tensor, against one lerp_ over a TensorDict."""
-    nets = [mlp(N_OBS + N_ACT, 1, device) for _ in range(2)]
-    targets = [mlp(N_OBS + N_ACT, 1, device) for _ in range(2)]
-    params = from_modules(*nets, as_module=True).data
-    target_td = from_modules(*targets, as_module=True).data.clone()
+    """CleanRL's target update, a Python loop of two ops per tensor, against one torch._foreach_lerp_ over the
+    lists of target and live tensors, as the SAC and TD3 twins update their stacked Q targets."""
+    nets = [QNetwork(device) for _ in range(2)]
+    targets = [QNetwork(device) for _ in range(2)]
+    qnet_params, _ = torch.func.stack_module_state(nets)
+    qnet_target = {name: p.detach().clone() for name, p in torch.func.stack_module_state(targets)[0].items()}
     pairs = [(p, t) for net, tgt in zip(nets, targets) for p, t in zip(net.parameters(), tgt.parameters())]
 
     def before():
@@ -105,15 +123,16 @@ def lerp_targets(device):
             target_param.data.copy_(TAU * param.data + (1 - TAU) * target_param.data)
 
     def after():
-        target_td.lerp_(params, TAU)
+        sources = [p.detach() for p in qnet_params.values()]
+        torch._foreach_lerp_(list(qnet_target.values()), sources, TAU)
 
     def results(f):
         f()
         if f is before:
             return tuple(torch.stack([t for _, t in pairs[i :: len(pairs) // 2]]) for i in range(len(pairs) // 2))
-        return tuple(target_td.flatten_keys(".").values())
+        return tuple(qnet_target.values())
 
-    # target_td is a copy of the targets, so both sides start from the same values.
+    # qnet_target is a copy of the targets, so both sides start from the same values.
     return before, after, results
 
 
@@ -199,8 +218,8 @@ def envpool_overlap(device):
 
 
 TRICKS = {
-    "acting copy without autograd (from_module)": acting_copy,
-    "twin Q as one vmap (from_modules)": vmap_ensemble,
+    "acting under torch.no_grad()": acting_no_grad,
+    "twin Q as one vmap (stack_module_state)": vmap_ensemble,
     "target update as one lerp_": lerp_targets,
     "on-device replay buffer sample": device_buffer,
     "alpha kept on the device (no .item())": alpha_on_device,

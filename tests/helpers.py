@@ -1,0 +1,194 @@
+"""Helpers every test module shares: load a training script as a module, run it in this process or as a user
+does, and check its speed record, its error lines, its TensorBoard scalars and its profiler trace."""
+
+import functools
+import importlib.util
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "leanrl"
+RECORD_KEYS = {
+    "script", "env_id", "seed", "compile", "cudagraphs", "device", "gpu", "cpu_count", "torch", "torch_threads",
+    "total_timesteps", "fps", "steady", "interrupted", "fps_overall", "warmup_seconds", "wall_seconds",
+    "episodic_return", "return_curve",
+}  # fmt: skip
+# The four modes of a compiled script.
+MODES = [[], ["--compile"], ["--cudagraphs"], ["--compile", "--cudagraphs"]]
+# The phases every script's loop runs in (docs/contract.md).
+PHASES = ("env_step", "policy", "data", "update", "other")
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def mode_id(mode):
+    return "+".join(mode) or "eager"
+
+
+@functools.cache
+def load_script(name):
+    """Import leanrl/<name>.py as a module, without running its main()."""
+    spec = importlib.util.spec_from_file_location(name.replace("/", "."), SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def flag_value(argv, option, default):
+    """The value argv gives an option, or the default."""
+    return type(default)(argv[argv.index(option) + 1]) if option in argv else default
+
+
+def run_main(name, argv, capsys, interrupted=False):
+    """Run a script's main() in this process, from a scratch working directory (the `workdir` fixture): check the
+    speed-record contract and the TensorBoard folder (on unless --no-tensorboard), and return the record."""
+    return run_main_stderr(name, argv, capsys, interrupted)[0]
+
+
+def run_main_stderr(name, argv, capsys, interrupted=False):
+    """run_main, and what the run wrote to stderr."""
+    cwd = Path.cwd().resolve()
+    assert not cwd.is_relative_to(ROOT), "in-process runs write runs/ into the working directory: use `workdir`"
+    env_id = flag_value(argv, "--env-id", load_script(name).Args.env_id)
+    pattern = f"runs/{env_id}__{name}__{flag_value(argv, '--seed', 1)}__*/events.out.tfevents.*"
+    earlier_runs = set(cwd.glob(pattern))
+    record = load_script(name).main(argv)
+    out, err = capsys.readouterr()
+    assert json.loads(out.strip().splitlines()[-1]) == record, "the last stdout line must be the speed record"
+    assert set(record) == RECORD_KEYS
+    assert record["script"] == name and record["total_timesteps"] > 0
+    assert record["interrupted"] is interrupted
+    cuda = torch.cuda.is_available() and "--no-cuda" not in argv
+    assert record["device"] == ("cuda" if cuda else "cpu")
+    # fps is never null: the steady window's, or the whole loop's for a run too short to reach it.
+    assert record["fps"] > 0 and record["fps_overall"] > 0
+    assert 0 < record["warmup_seconds"] < record["wall_seconds"]
+    assert record["torch_threads"] == flag_value(argv, "--torch-threads", 1) == torch.get_num_threads()
+    assert record["env_id"] == env_id and record["seed"] == flag_value(argv, "--seed", 1)
+    runs = set(cwd.glob(pattern)) - earlier_runs
+    assert len(runs) == ("--no-tensorboard" not in argv), runs
+    return record, err
+
+
+def run_mode(name, argv, mode, capsys):
+    """Run a compiled twin in one of MODES; its record says which flags took effect and return it."""
+    record = run_main(name, argv + mode, capsys)
+    assert record["compile"] == ("--compile" in mode)
+    # Without CUDA, --cudagraphs falls back to running without graphs and says so in the record.
+    assert record["cudagraphs"] == ("--cudagraphs" in mode and torch.cuda.is_available())
+    return record
+
+
+def assert_steady(record, total_timesteps):
+    """A run that reached its fps window: whole length, fps measured over the window only."""
+    assert record["total_timesteps"] == total_timesteps
+    assert record["steady"] is True and record["interrupted"] is False
+
+
+def assert_return_curve(record):
+    """The return curve: up to about 50 points [global_step, seconds, mean return], in step and time order, the last
+    one at the end of the run."""
+    curve, total = record["return_curve"], record["total_timesteps"]
+    assert 0 < len(curve) <= 52
+    steps, seconds = [point[0] for point in curve], [point[1] for point in curve]
+    assert steps == sorted(set(steps)) and seconds == sorted(seconds)
+    assert steps[-1] == total
+
+
+def run_cli(name, *argv, cwd=None):
+    """Run a script as a user does, in a subprocess, from `cwd` (a scratch directory when not given, so that
+    nothing lands in the repository)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        return subprocess.run(
+            [sys.executable, str(SCRIPTS / f"{name}.py"), *map(str, argv)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=cwd or scratch,
+        )
+
+
+def run_bad_input(name, argv, capsys):
+    """Run main() in this process (far quicker than a new one) on input it must refuse: (exit code, stderr)."""
+    with pytest.raises(SystemExit) as exit_info:
+        load_script(name).main(argv)
+    return SimpleNamespace(returncode=exit_info.value.code, stderr=capsys.readouterr().err)
+
+
+def assert_one_line_error(proc, *fragments):
+    """Bad input: exit code 2 and one 'error:' line naming the problem, no traceback."""
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+
+
+def assert_same_update(before, expected, actual, rtol=5e-2, name=""):
+    """The compiled twin moved a tensor as the baseline did: the gap between the two results is at most
+    rtol (5%) of the baseline's own change. Element-wise tolerances do not fit after Adam steps: Adam divides by
+    the gradient's running scale, so float rounding in a near-zero gradient can move one element by a good
+    part of the learning rate, while a real difference in the algorithm moves the whole update."""
+    change = (expected.double() - before.double()).norm()
+    gap = (actual.double().to(expected.device) - expected.double()).norm()
+    assert gap <= rtol * change + 1e-7, f"{name}: gap {gap:.3g} against a change of {change:.3g}"
+
+
+def assert_cudagraphs_fallback(name, *argv):
+    """--cudagraphs without CUDA: one warning line, a normal run, and a record that says no graphs were used."""
+    proc = run_cli(name, *argv, "--cudagraphs", "--no-cuda", "--no-tensorboard")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("--cudagraphs needs CUDA") == 1
+    record = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert record["cudagraphs"] is False and record["device"] == "cpu" and record["script"] == name
+
+
+def assert_trace_phases(profile_dir, name, env_steps_per_call):
+    """--profile-dir wrote the script's trace, with every phase and the env steps one env_step call takes."""
+    trace = json.loads((Path(profile_dir) / f"{name}.trace.json").read_text())
+    names = {event.get("name") for event in trace["traceEvents"]}
+    assert set(PHASES) <= names, set(PHASES) - names
+    assert int(trace["env_steps_per_call"]) == env_steps_per_call
+
+
+def tensorboard_scalars(name, env_id="HalfCheetah-v4"):
+    """The scalars of a script's TensorBoard run in the working directory: {tag: [(step, value), ...]}."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (run,) = Path.cwd().glob(f"runs/{env_id}__{name}__*")
+    events = EventAccumulator(str(run), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def run_interrupted(name, argv, at_step, capsys, monkeypatch):
+    """Ctrl-C once the loop has done at_step env steps (before its fps window opens): main() still returns the speed
+    record, which says it was interrupted and covers the steps done, and a second Ctrl-C is ignored until the
+    record is out. This process's SIGINT handler, which the script leaves ignoring, is put back."""
+    meter = load_script(name).Meter
+    tick = meter.tick
+
+    def interrupting_tick(self, global_step):
+        shown = tick(self, global_step)
+        if global_step >= at_step:
+            raise KeyboardInterrupt
+        return shown
+
+    monkeypatch.setattr(meter, "tick", interrupting_tick)
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        record, err = run_main_stderr(name, argv, capsys, interrupted=True)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    assert record["total_timesteps"] == at_step and record["steady"] is False
+    assert f"interrupted after {at_step} env steps" in err
+    return record
