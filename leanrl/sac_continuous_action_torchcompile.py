@@ -557,6 +557,7 @@ class Meter:
         if self.profiler is not None:
             self.save_profile()
         if self.bar is not None:
+            self.bar.update(self.steps - self.bar.n)
             self.bar.close()
         if self.interrupted:
             print(f"interrupted after {self.steps} env steps", file=sys.stderr, flush=True)
