@@ -643,9 +643,9 @@ def train(args, meter):
                 break
 
         with phase("other"):
-            y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
-            var_y = np.var(y_true)
-            explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
+            # On the device, so that it is read back with the statistics, in one sync.
+            var_y = b_returns.var(correction=0)
+            explained_var = torch.where(var_y == 0, torch.nan, 1 - (b_returns - b_values).var(correction=0) / var_y)
             scalars = {f"losses/{name}": stats[name] for name in STATS}
             learning_rate = agent.optimizer.param_groups[0]["lr"]
             scalars.update({"losses/explained_variance": explained_var, "charts/learning_rate": learning_rate})

@@ -604,9 +604,9 @@ def train(args, meter):
                 break
 
         with phase("other"):
-            y_pred, y_true = batch[-1].cpu().numpy(), batch[-2].cpu().numpy()
-            var_y = np.var(y_true)
-            explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
+            # On the device, so that it is read back with the statistics, in one sync.
+            var_y = batch[-2].var(correction=0)
+            explained_var = torch.where(var_y == 0, torch.nan, 1 - (batch[-2] - batch[-1]).var(correction=0) / var_y)
             scalars = {f"losses/{name}": stats[name] for name in STATS}
             scalars.update({"losses/explained_variance": explained_var, "charts/learning_rate": agent.learning_rate()})
             meter.log(global_step, scalars)

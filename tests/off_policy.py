@@ -299,11 +299,6 @@ def check_learns_pendulum(algo, name, capsys):
     assert_return_curve(record)
 
 
-def argv_ids(cases):
-    """Test ids for (argv, fragments) cases: the argv."""
-    return [" ".join(argv) for argv, _ in cases]
-
-
 def check_bad_input(name, argv, fragments, capsys):
     assert_one_line_error(run_bad_input(name, argv, capsys), *fragments)
 

@@ -177,7 +177,8 @@ def test_done_and_append(tmp_path):
     assert proc.returncode == 0 and proc.stdout.strip() == "ok, 123.4 fps", proc.stderr
     entry = json.loads((out / "records.jsonl").read_text())
     assert {k: entry[k] for k in record} == record and entry["torch_threads"] == 4
-    assert (entry["mode"], entry["status"], entry["exit_code"], entry["log"]) == ("compile", "ok", 0, "logs/compile__s1.log")
+    assert (entry["mode"], entry["status"], entry["exit_code"]) == ("compile", "ok", 0)
+    assert entry["log"] == "logs/compile__s1.log"
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", entry["date"]) and isinstance(entry["cpu_model"], str)
 
     side.write_text(json.dumps({**record, "steady": False}) + "\n")
@@ -321,7 +322,8 @@ def test_interrupt_and_resume(repo, tmp_path):
     assert (out / "plan.txt").read_text().splitlines() == names
     records = read_records(out)
     assert [(r["mode"], r["seed"], r["status"]) for r in records] == [("eager", 1, "ok"), ("compile", 1, "interrupted")]
-    assert records[1]["interrupted"] is True and records[1]["exit_code"] == 130 and records[1]["total_timesteps"] == 1200
+    assert records[1]["interrupted"] is True and records[1]["exit_code"] == 130
+    assert records[1]["total_timesteps"] == 1200
     assert sorted(p.name for p in (out / "logs").iterdir()) == [f"{n}.log" for n in sorted(names[:2])]
     # the heartbeat shows the run's position, time and latest progress line, and the matrix's ETA
     beat = re.compile(rf"^  \[2/8\] {names[1]}, \d+s: fake_torchcompile: 1200/10000 steps, fps 99, return -1\.5, "

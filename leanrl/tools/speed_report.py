@@ -218,7 +218,8 @@ def append(directory, side, script, mode, seed, log, exit_code):
     if ok and entry.get("fps") is None:
         print("ok, no steady window (fps: null)")
     elif ok:
-        print(f"ok, {entry['fps']} fps" + ("" if is_steady(entry) else " (short: no steady window, fps over the whole loop)"))
+        short = "" if is_steady(entry) else " (short: no steady window, fps over the whole loop)"
+        print(f"ok, {entry['fps']} fps{short}")
     elif interrupted:
         steps = f" after {entry['total_timesteps']} steps" if "total_timesteps" in entry else ""
         print(f"INTERRUPTED{steps} (exit code {exit_code}), see {log}")
