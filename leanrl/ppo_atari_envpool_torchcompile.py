@@ -369,6 +369,8 @@ class Meter:
             warnings.filterwarnings("ignore", message, category)
         # torch.compile skips the profiler scopes inside optimizer steps, and says so; the steps are still timed.
         logging.getLogger("torch._dynamo.variables.ctx_manager").setLevel(logging.ERROR)
+        if args.torch_threads < 0:
+            fail(f"--torch-threads {args.torch_threads} must be 0 (torch's default) or positive")
         if args.torch_threads:
             torch.set_num_threads(args.torch_threads)
         # Named scopes for the profiler (--profile-dir); free when not profiling.

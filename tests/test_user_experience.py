@@ -36,6 +36,10 @@ def test_unwritable_output_fails_at_start(option, below, fragment, blocker, caps
     assert blocker.read_text() == "not a folder\n"
 
 
+def test_negative_torch_threads_is_refused(capsys):
+    assert_one_line_error(run_bad_input(NAME, TINY + ["--torch-threads", "-1"], capsys), "--torch-threads -1")
+
+
 def test_unwritable_tensorboard_folder_fails_at_start(workdir, capsys):
     (workdir / "runs").write_text("a file where the TensorBoard folder goes\n")
     proc = run_bad_input(NAME, TINY, capsys)
