@@ -1,0 +1,804 @@
+# PPO for discrete actions, as CleanRL defines it (ppo.py), on classic-control environments that live on the GPU as
+# batched torch tensors, made fast: the whole rollout (policy, env step, auto-reset, storage) one compiled function
+# captured as one CUDA graph, GAE as a parallel scan, a tensor learning rate annealed in place, the update captured.
+# Docs: docs/gpu_collection.md
+import json
+import logging
+import math
+import netrc
+import os
+import random
+import signal
+import sys
+import tempfile
+import time
+import urllib.parse
+import warnings
+from collections import deque
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.optim as optim
+import tqdm
+import tyro
+from tensordict.nn import CudaGraphModule
+from torch.distributions.categorical import Categorical
+from torch.profiler import ProfilerActivity, profile, record_function
+
+
+@dataclass
+class Args:
+    env_id: str = "CartPole-v1"
+    """the id of the environment: CartPole-v1, Acrobot-v1 or MountainCar-v0"""
+    seed: int = 1
+    """seed of the experiment"""
+    total_timesteps: int = 500000
+    """total timesteps of the experiment, rounded down to whole iterations of --num-envs * --num-steps"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 4
+    """the number of parallel environments"""
+    num_steps: int = 128
+    """the number of steps to run in each environment per policy rollout"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to zero over the run"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 4
+    """the number of minibatches a rollout is split into"""
+    update_epochs: int = 4
+    """the number of epochs over each rollout"""
+    norm_adv: bool = True
+    """normalize the advantages of each minibatch"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """use a clipped loss for the value function, as in the PPO paper"""
+    ent_coef: float = 0.01
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: float | None = None
+    """stop the epochs of an update early once the approximate KL divergence exceeds this threshold"""
+    cuda: bool = True
+    """use CUDA when it is available"""
+    torch_threads: int = 1
+    """torch's intra-op CPU threads (0: torch's default, one per core); see the README's CPU notes"""
+    track: bool = False
+    """track the experiment with Weights and Biases (honours WANDB_MODE)"""
+    wandb_project_name: str = "leanrl"
+    """the wandb project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of the wandb project"""
+    tensorboard: bool = True
+    """write TensorBoard scalars under runs/<run name>/"""
+    speed_log: str | None = None
+    """append the final speed record (one JSON line) to this file"""
+    profile_dir: str | None = None
+    """profile the start of the steady window (after warm-up) and write the trace into this directory"""
+    compile: bool = False
+    """compile the rollout step, GAE and the update with torch.compile"""
+    cudagraphs: bool = False
+    """capture the rollout, GAE and the update as CUDA graphs (tensordict's CudaGraphModule)"""
+
+
+# Iterations that count as warm-up: the fps window starts after them.
+WARMUP_ITERATIONS = 2
+# Iterations profiled with --profile-dir, at the start of the steady window.
+PROFILE_ITERATIONS = 1
+# The statistics of a minibatch update, in the order they are logged.
+STATS = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "grad_norm")
+
+# Seconds between refreshes of the progress bar, and between progress lines where stderr is not a terminal.
+PROGRESS_SECONDS = 1.0
+CONSOLE_SECONDS = 10.0
+# Warnings that are not the user's concern (docs/contract.md says what each one is): (category, message).
+QUIET_WARNINGS = (
+    (DeprecationWarning, r".*The environment \S+-v4 is out of date"),
+    (UserWarning, r"Using lock_\(\) inside a compiled graph"),
+)
+
+
+def fail(message):
+    """Bad input: one line on stderr, exit code 2, no traceback."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def flag(args, name, argv):
+    """`--name value` for an error line, saying so when the value is a default that argv does not set."""
+    option = "--" + name.replace("_", "-")
+    given = any(a.split("=")[0].replace("_", "-") == option for a in argv)
+    return f"{option} {getattr(args, name)}" + ("" if given else " (the default)")
+
+
+def wandb_credentials():
+    """Whether wandb can log without asking for a key: offline or disabled, a key in the environment, or a
+    `wandb login` (which writes the key to ~/.netrc). Nothing goes over the network."""
+    if os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun") or os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urllib.parse.urlsplit(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).netloc
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def check_args(args, argv):
+    if args.env_id not in ENVS:
+        fail(f"--env-id {args.env_id!r} is not one of this script's environments: {', '.join(ENVS)}")
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate"):
+        if getattr(args, name) <= 0:
+            fail(f"{flag(args, name, argv)} must be positive")
+    for name in ("gamma", "gae_lambda"):
+        if not 0 <= getattr(args, name) <= 1:
+            fail(f"{flag(args, name, argv)} must be in [0, 1]")
+    batch = f"{flag(args, 'num_envs', argv)} * {flag(args, 'num_steps', argv)} = {args.num_envs * args.num_steps}"
+    if args.num_envs * args.num_steps % args.num_minibatches:
+        minibatches = flag(args, "num_minibatches", argv)
+        fail(f"{batch} does not split evenly into {minibatches}: every minibatch must have the same size")
+    if args.norm_adv and args.num_envs * args.num_steps // args.num_minibatches < 2:
+        fail(f"{flag(args, 'num_minibatches', argv)} leaves minibatches of one sample; --norm-adv needs two")
+    if args.total_timesteps < args.num_envs * args.num_steps:
+        fail(f"{flag(args, 'total_timesteps', argv)} is below one rollout, {batch}")
+    if args.target_kl is not None and args.target_kl <= 0:
+        fail(f"--target-kl {args.target_kl} must be positive")
+
+
+class CartPole:
+    """gymnasium's CartPole-v1: state (x, x_dot, theta, theta_dot), Euler integration, reward 1 per step, ended
+    when the cart leaves [-2.4, 2.4] or the pole tilts past 12 degrees; reset uniform in [-0.05, 0.05)."""
+
+    n_obs, n_act, n_noise, max_episode_steps = 4, 2, 4, 500
+    gravity, masspole, total_mass, length, force_mag, tau = 9.8, 0.1, 1.1, 0.5, 10.0, 0.02
+    polemass_length = masspole * length
+    x_threshold, theta_threshold = 2.4, 12 * 2 * math.pi / 360
+
+    @staticmethod
+    def initial(noise):
+        return noise * 0.1 - 0.05
+
+    @staticmethod
+    def observe(state):
+        return state
+
+    @classmethod
+    def step(cls, state, action):
+        x, x_dot, theta, theta_dot = state.unbind(-1)
+        force = torch.where(action == 1, cls.force_mag, -cls.force_mag)
+        costheta, sintheta = torch.cos(theta), torch.sin(theta)
+        temp = (force + cls.polemass_length * theta_dot**2 * sintheta) / cls.total_mass
+        thetaacc = (cls.gravity * sintheta - costheta * temp) / (
+            cls.length * (4.0 / 3.0 - cls.masspole * costheta**2 / cls.total_mass)
+        )
+        xacc = temp - cls.polemass_length * thetaacc * costheta / cls.total_mass
+        x, x_dot = x + cls.tau * x_dot, x_dot + cls.tau * xacc
+        theta, theta_dot = theta + cls.tau * theta_dot, theta_dot + cls.tau * thetaacc
+        terminated = (x.abs() > cls.x_threshold) | (theta.abs() > cls.theta_threshold)
+        return torch.stack((x, x_dot, theta, theta_dot), -1), torch.ones_like(x), terminated
+
+
+class Acrobot:
+    """gymnasium's Acrobot-v1 ("book" dynamics, no torque noise): state (theta1, theta2, dtheta1, dtheta2), one
+    RK4 step of 0.2 s per action (torque -1, 0, 1), angles wrapped to [-pi, pi], velocities bounded; reward -1
+    per step until the tip swings above the bar; reset uniform in [-0.1, 0.1)."""
+
+    n_obs, n_act, n_noise, max_episode_steps = 6, 3, 4, 500
+    dt, m1, m2, l1, lc1, lc2, moi, g = 0.2, 1.0, 1.0, 1.0, 0.5, 0.5, 1.0, 9.8
+    max_vel_1, max_vel_2 = 4 * math.pi, 9 * math.pi
+
+    @staticmethod
+    def initial(noise):
+        return noise * 0.2 - 0.1
+
+    @staticmethod
+    def observe(state):
+        theta1, theta2, dtheta1, dtheta2 = state.unbind(-1)
+        return torch.stack((theta1.cos(), theta1.sin(), theta2.cos(), theta2.sin(), dtheta1, dtheta2), -1)
+
+    @classmethod
+    def derivatives(cls, state, torque):
+        m1, m2, l1, lc1, lc2, moi, g = cls.m1, cls.m2, cls.l1, cls.lc1, cls.lc2, cls.moi, cls.g
+        theta1, theta2, dtheta1, dtheta2 = state.unbind(-1)
+        d1 = m1 * lc1**2 + m2 * (l1**2 + lc2**2 + 2 * l1 * lc2 * torch.cos(theta2)) + 2 * moi
+        d2 = m2 * (lc2**2 + l1 * lc2 * torch.cos(theta2)) + moi
+        phi2 = m2 * lc2 * g * torch.cos(theta1 + theta2 - math.pi / 2.0)
+        phi1 = (
+            -m2 * l1 * lc2 * dtheta2**2 * torch.sin(theta2)
+            - 2 * m2 * l1 * lc2 * dtheta2 * dtheta1 * torch.sin(theta2)
+            + (m1 * lc1 + m2 * l1) * g * torch.cos(theta1 - math.pi / 2)
+            + phi2
+        )
+        ddtheta2 = (torque + d2 / d1 * phi1 - m2 * l1 * lc2 * dtheta1**2 * torch.sin(theta2) - phi2) / (
+            m2 * lc2**2 + moi - d2**2 / d1
+        )
+        ddtheta1 = -(d2 * ddtheta2 + phi1) / d1
+        return torch.stack((dtheta1, dtheta2, ddtheta1, ddtheta2), -1)
+
+    @classmethod
+    def step(cls, state, action):
+        torque = (action - 1).to(state.dtype)
+        k1 = cls.derivatives(state, torque)
+        k2 = cls.derivatives(state + cls.dt / 2 * k1, torque)
+        k3 = cls.derivatives(state + cls.dt / 2 * k2, torque)
+        k4 = cls.derivatives(state + cls.dt * k3, torque)
+        theta1, theta2, dtheta1, dtheta2 = (state + cls.dt / 6 * (k1 + 2 * k2 + 2 * k3 + k4)).unbind(-1)
+        state = torch.stack(
+            (
+                cls.wrap(theta1),
+                cls.wrap(theta2),
+                dtheta1.clamp(-cls.max_vel_1, cls.max_vel_1),
+                dtheta2.clamp(-cls.max_vel_2, cls.max_vel_2),
+            ),
+            -1,
+        )
+        terminated = -torch.cos(state[:, 0]) - torch.cos(state[:, 1] + state[:, 0]) > 1.0
+        return state, torch.where(terminated, 0.0, -1.0), terminated
+
+    @staticmethod
+    def wrap(angle):
+        """Into [-pi, pi] by whole turns, as gymnasium's wrap: an angle already inside stays as it is."""
+        turns = torch.where(angle > math.pi, torch.ceil((angle - math.pi) / (2 * math.pi)), 0.0)
+        turns = torch.where(angle < -math.pi, -torch.ceil((-math.pi - angle) / (2 * math.pi)), turns)
+        return angle - turns * (2 * math.pi)
+
+
+class MountainCar:
+    """gymnasium's MountainCar-v0: state (position, velocity), push left, none or right; reward -1 per step until
+    the car reaches position 0.5; reset position uniform in [-0.6, -0.4), velocity 0."""
+
+    n_obs, n_act, n_noise, max_episode_steps = 2, 3, 1, 200
+    min_position, max_position, max_speed, goal_position, force, gravity = -1.2, 0.6, 0.07, 0.5, 0.001, 0.0025
+
+    @staticmethod
+    def initial(noise):
+        return torch.cat((noise * 0.2 - 0.6, torch.zeros_like(noise)), -1)
+
+    @staticmethod
+    def observe(state):
+        return state
+
+    @classmethod
+    def step(cls, state, action):
+        position, velocity = state.unbind(-1)
+        velocity = velocity + (action - 1) * cls.force + torch.cos(3 * position) * (-cls.gravity)
+        velocity = velocity.clamp(-cls.max_speed, cls.max_speed)
+        position = (position + velocity).clamp(cls.min_position, cls.max_position)
+        velocity = torch.where((position == cls.min_position) & (velocity < 0), 0.0, velocity)
+        terminated = (position >= cls.goal_position) & (velocity >= 0)
+        return torch.stack((position, velocity), -1), torch.full_like(position, -1.0), terminated
+
+
+ENVS = {"CartPole-v1": CartPole, "Acrobot-v1": Acrobot, "MountainCar-v0": MountainCar}
+
+
+class Envs:
+    """num_envs copies of one of ENVS as device tensors, with gymnasium's time limit and same-step auto-reset: the
+    step that ends an episode returns its reward and the first observation of the next episode. The returns and
+    lengths of the episodes that end are summed on the device until ended_episodes() reads them."""
+
+    def __init__(self, env_id, num_envs, device):
+        self.physics = ENVS[env_id]
+        self.num_envs, self.device = num_envs, device
+        self.state = self.physics.initial(self.noise())
+        self.elapsed = torch.zeros(num_envs, dtype=torch.int32, device=device)
+        self.episode_return = torch.zeros(num_envs, device=device)
+        # Per env: episodes ended, and the sums of their returns and lengths.
+        self.ended = torch.zeros(3, num_envs, device=device)
+
+    def noise(self):
+        return torch.rand(self.num_envs, self.physics.n_noise, device=self.device)
+
+    def observe(self):
+        return self.physics.observe(self.state)
+
+    def step(self, action):
+        """(next observation, reward, done), done where an episode ended by termination or the time limit."""
+        state, reward, terminated = self.physics.step(self.state, action)
+        self.elapsed += 1
+        self.episode_return += reward
+        done = terminated | (self.elapsed >= self.physics.max_episode_steps)
+        # Reset noise for every env, every step: the same random stream whichever envs end.
+        self.state.copy_(torch.where(done[:, None], self.physics.initial(self.noise()), state))
+        self.ended += torch.stack((done.float(), self.episode_return, self.elapsed.float())) * done
+        self.elapsed.masked_fill_(done, 0)
+        self.episode_return.masked_fill_(done, 0.0)
+        return self.observe(), reward, done
+
+    def ended_episodes(self):
+        """(episodes ended, sum of their returns, sum of their lengths) since the last call, device scalars."""
+        ended = self.ended.sum(1)
+        self.ended.zero_()
+        return ended
+
+
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class ActorCritic(nn.Module):
+    """Separate 64-64 tanh actor and critic; a categorical policy over the actor's logits."""
+
+    def __init__(self, n_obs, n_act, device=None):
+        super().__init__()
+        self.critic = nn.Sequential(
+            layer_init(nn.Linear(n_obs, 64, device=device)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64, device=device)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 1, device=device), std=1.0),
+        )
+        self.actor = nn.Sequential(
+            layer_init(nn.Linear(n_obs, 64, device=device)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64, device=device)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, n_act, device=device), std=0.01),
+        )
+
+    def get_value(self, x):
+        return self.critic(x)
+
+    def get_action_and_value(self, x, action=None):
+        logits = self.actor(x)
+        # Checking the arguments would read them back to the host: a sync, and not allowed in a CUDA graph
+        probs = Categorical(logits=logits, validate_args=False)
+        if action is None:
+            action = probs.sample()
+        return action, probs.log_prob(action), probs.entropy(), self.critic(x)
+
+
+class Rollout:
+    """One rollout of num_steps steps of num_envs envs, on the device.
+
+    obs and dones have one more row: the observation after the last step, which GAE bootstraps from and the next
+    rollout starts with.
+    """
+
+    def __init__(self, num_steps, num_envs, n_obs, device):
+        self.obs = torch.zeros((num_steps + 1, num_envs, n_obs), device=device)
+        self.actions = torch.zeros((num_steps, num_envs), dtype=torch.long, device=device)
+        self.logprobs = torch.zeros((num_steps, num_envs), device=device)
+        self.rewards = torch.zeros((num_steps, num_envs), device=device)
+        self.dones = torch.zeros((num_steps + 1, num_envs), device=device)
+        self.values = torch.zeros((num_steps, num_envs), device=device)
+
+
+class Agent:
+    """The networks PPO trains and their optimizer."""
+
+    def __init__(self, args, n_obs, n_act, device):
+        self.net = ActorCritic(n_obs, n_act, device=device)
+        # The learning rate is a device tensor that annealing overwrites in place, so a compiled or captured
+        # optimizer step reads the current value. Adam takes a tensor lr without host syncs only when capturable,
+        # which it can be on CUDA alone.
+        self.optimizer = optim.Adam(
+            self.net.parameters(),
+            lr=torch.tensor(args.learning_rate, device=device),
+            eps=1e-5,
+            capturable=device.type == "cuda",
+        )
+
+    def set_learning_rate(self, lr):
+        self.optimizer.param_groups[0]["lr"].fill_(lr)
+
+    def learning_rate(self):
+        return self.optimizer.param_groups[0]["lr"]
+
+
+def make_update_fns(agent, args):
+    """GAE over a rollout, the PPO update on one minibatch, and the policy that acts. The update writes its STATS
+    into `stats`, fixed tensors. With --compile GAE and the update are compiled and with --cudagraphs captured;
+    the policy is compiled and captured as part of the rollout, in make_collect."""
+    stats = {name: torch.zeros((), device=agent.learning_rate().device) for name in STATS}
+
+    def gae(next_obs, next_done, rewards, values, dones):
+        """Advantages and returns; dones[t] says whether obs[t] starts a new episode."""
+        with torch.no_grad():
+            next_value = agent.net.get_value(next_obs).reshape(1, -1)
+            nextnonterminal = 1.0 - torch.cat([dones[1:], next_done[None]])
+            nextvalues = torch.cat([values[1:], next_value])
+            delta = rewards + args.gamma * nextvalues * nextnonterminal - values
+            coef = args.gamma * args.gae_lambda * nextnonterminal
+            # advantages[t] = delta[t] + coef[t] * advantages[t + 1], solved by a doubling scan in log2(num_steps)
+            # rounds instead of num_steps sequential ones (a short graph to compile): after the round with shift s,
+            # advantages[t] holds the terms of delta[t : t + 2s] and coef[t] the product of coef[t : t + 2s].
+            advantages = delta
+            shift = 1
+            while shift < args.num_steps:
+                advantages = advantages + coef * F.pad(advantages[shift:], (0, 0, 0, shift))
+                coef = coef * F.pad(coef[shift:], (0, 0, 0, shift))
+                shift *= 2
+            returns = advantages + values
+        return advantages, returns
+
+    def update(obs, actions, logprobs, advantages, returns, values):
+        """One gradient step on one minibatch; returns its STATS."""
+        _, newlogprob, entropy, newvalue = agent.net.get_action_and_value(obs, actions)
+        logratio = newlogprob - logprobs
+        ratio = logratio.exp()
+
+        with torch.no_grad():
+            # calculate approx_kl http://joschu.net/blog/kl-approx.html
+            old_approx_kl = (-logratio).mean()
+            approx_kl = ((ratio - 1) - logratio).mean()
+            clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+        if args.norm_adv:
+            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+
+        # Policy loss
+        pg_loss1 = -advantages * ratio
+        pg_loss2 = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+        pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+        # Value loss
+        newvalue = newvalue.view(-1)
+        if args.clip_vloss:
+            v_loss_unclipped = (newvalue - returns) ** 2
+            v_clipped = values + torch.clamp(newvalue - values, -args.clip_coef, args.clip_coef)
+            v_loss_clipped = (v_clipped - returns) ** 2
+            v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+        else:
+            v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
+
+        entropy_loss = entropy.mean()
+        loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+        agent.optimizer.zero_grad()
+        loss.backward()
+        grad_norm = nn.utils.clip_grad_norm_(agent.net.parameters(), args.max_grad_norm)
+        agent.optimizer.step()
+        outputs = (pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac, grad_norm)
+        return {name: value.detach() for name, value in zip(STATS, outputs)}
+
+    def update_in_place(*minibatch):
+        # No outputs: a captured function would copy each one out of its graph.
+        for name, value in update(*minibatch).items():
+            stats[name].copy_(value)
+
+    def policy(obs):
+        with torch.no_grad():
+            action, logprob, _, value = agent.net.get_action_and_value(obs)
+        return action, logprob, value.flatten()
+
+    if args.compile:
+        gae, update_in_place = map(torch.compile, (gae, update_in_place))
+    if args.cudagraphs:
+        gae, update_in_place = (CudaGraphModule(f, warmup=3 if args.compile else 2) for f in (gae, update_in_place))
+    return gae, update_in_place, policy, stats
+
+
+def make_collect(policy, envs, rollout, args):
+    """collect(): one rollout of num_steps steps of all envs into `rollout`, from the observation and done flags
+    the last one ended in (its last rows). Nothing leaves the device. With --compile the env step (policy, env,
+    auto-reset, storage) is compiled; with --cudagraphs the whole rollout is captured as one CUDA graph: one
+    replay per iteration, no Python per step."""
+
+    def step(t):
+        obs = rollout.obs[t]
+        action, logprob, value = policy(obs)
+        next_obs, reward, done = envs.step(action)
+        rollout.actions[t] = action
+        rollout.logprobs[t] = logprob
+        rollout.values[t] = value
+        rollout.rewards[t] = reward
+        rollout.obs[t + 1] = next_obs
+        rollout.dones[t + 1] = done
+
+    if args.compile:
+        # t becomes a symbolic integer at the second call (one recompile), so every step runs the same kernels.
+        step = torch.compile(step)
+
+    def collect():
+        # The observation the last rollout ended in is the first of this one.
+        rollout.obs[0] = rollout.obs[-1]
+        rollout.dones[0] = rollout.dones[-1]
+        for t in range(args.num_steps):
+            step(t)
+
+    if args.cudagraphs:
+        collect = CudaGraphModule(collect, warmup=3 if args.compile else 2)
+    return collect
+
+
+class Meter:
+    """What every script measures, shows and logs, word for word the same in each (docs/contract.md): the fps
+    window after warm-up, the profiler, the progress bar or line, TensorBoard and wandb scalars, the return curve
+    and the speed record. The loop calls unit() as each unit of work (an env step, or a PPO iteration) begins and
+    tick() after each env step; finish() writes the record, after Ctrl-C too."""
+
+    def __init__(self, args, script):
+        self.t_start = time.perf_counter()
+        self.args, self.script = args, script
+        self.run_name = f"{args.env_id}__{script}__{args.seed}__{int(time.time())}"
+        self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+        if getattr(args, "cudagraphs", False) and self.device.type != "cuda":
+            print("warning: --cudagraphs needs CUDA; running without CUDA graphs", file=sys.stderr)
+            args.cudagraphs = False
+        for category, message in QUIET_WARNINGS:
+            warnings.filterwarnings("ignore", message, category)
+        # torch.compile skips the profiler scopes inside optimizer steps, and says so; the steps are still timed.
+        logging.getLogger("torch._dynamo.variables.ctx_manager").setLevel(logging.ERROR)
+        if args.torch_threads < 0:
+            fail(f"--torch-threads {args.torch_threads} must be 0 (torch's default) or positive")
+        if args.torch_threads:
+            torch.set_num_threads(args.torch_threads)
+        # Named scopes for the profiler (--profile-dir); free when not profiling.
+        self.phase = record_function if args.profile_dir else lambda name: nullcontext()
+        self.check_outputs()
+        self.writer = None
+        if args.track:
+            import wandb
+
+            config = vars(args)
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=config, name=self.run_name)
+            self.wandb = wandb
+        self.returns = deque(maxlen=20)
+        self.curve = []  # [global_step, seconds since start, mean return], for return-vs-time plots
+        self.steps, self.interrupted = 0, False
+        self.t_loop = self.t_window = self.profiler = self.bar = None
+
+    def check_outputs(self):
+        """Every output path is writable before training starts: missing folders are made, and one that cannot
+        be written is one error line."""
+        args = self.args
+        outputs = [("--speed-log", args.speed_log, False), ("--profile-dir", args.profile_dir, True)]
+        if args.tensorboard:
+            outputs.append(("the TensorBoard folder (or --no-tensorboard)", "runs", True))
+        for option, path, folder in outputs:
+            if path is None:
+                continue
+            try:
+                os.makedirs(path if folder else os.path.dirname(path) or ".", exist_ok=True)
+                if folder:
+                    tempfile.TemporaryFile(dir=path).close()
+                else:
+                    open(path, "a").close()  # appends nothing: what the file holds stays as it is
+            except OSError as e:
+                fail(f"{option} {path} cannot be written: {e.strerror or e}")
+        if args.track and not wandb_credentials():
+            fail("--track needs wandb credentials: run `wandb login`, set WANDB_API_KEY, or set WANDB_MODE=offline")
+
+    def start(self, total_steps, window_start, profile_steps, steps_per_call):
+        """The loop's plan in env steps: its length, the step where the fps window opens (warm-up done), the
+        steps --profile-dir profiles from there, and the env steps one env_step phase takes."""
+        self.total_steps, self.window_start = total_steps, window_start
+        self.profile_steps, self.steps_per_call = profile_steps, steps_per_call
+        if self.args.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            # Made here, once the env and the networks are built: input they refuse leaves no run folder behind.
+            self.writer = SummaryWriter(os.path.join("runs", self.run_name))
+            table = "\n".join(f"|{key}|{value}|" for key, value in vars(self.args).items())
+            self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
+        self.curve_every = self.next_curve = max(1, total_steps // 50)
+        # A bar on a terminal; elsewhere (logs, CI) tqdm shows none and tick() prints a line now and then.
+        self.bar = tqdm.tqdm(total=total_steps, unit="step", unit_scale=True, dynamic_ncols=True, disable=None)
+        self.t_loop = self.t_shown = self.t_line = time.perf_counter()
+
+    def unit(self, global_step):
+        """A unit of the loop begins after global_step env steps: the fps window opens at the first one past
+        warm-up, and the profiler covers its first profile_steps."""
+        if self.t_window is None and global_step >= self.window_start:
+            self.t_window, self.steps_window = time.perf_counter(), global_step
+            if self.args.profile_dir:
+                cuda = self.device.type == "cuda"
+                self.profiler = profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda)
+                self.profiler.start()
+                # The breakdown tool counts env steps as the record does.
+                self.profiler.add_metadata_json("env_steps_per_call", str(self.steps_per_call))
+        elif self.profiler is not None and global_step >= self.steps_window + self.profile_steps:
+            self.save_profile()
+
+    def save_profile(self):
+        self.profiler.stop()
+        self.profiler.export_chrome_trace(os.path.join(self.args.profile_dir, f"{self.script}.trace.json"))
+        self.profiler = None
+
+    def tick(self, global_step):
+        """An env step is done, global_step in all. Every PROGRESS_SECONDS the bar (or, every CONSOLE_SECONDS,
+        a line) shows fps and mean return, the fps is logged, and tick returns True: the caller logs its losses."""
+        self.steps = global_step
+        if global_step >= self.next_curve:
+            if self.returns:
+                seconds, mean_return = time.perf_counter() - self.t_start, float(np.mean(self.returns))
+                self.curve.append([global_step, round(seconds, 3), round(mean_return, 2)])
+            self.next_curve = (global_step // self.curve_every + 1) * self.curve_every
+        now = time.perf_counter()
+        if now - self.t_shown < PROGRESS_SECONDS:
+            return False
+        self.t_shown = now
+        steady = self.t_window is not None and global_step > self.steps_window
+        if steady:
+            fps = (global_step - self.steps_window) / (now - self.t_window)
+        else:
+            fps = global_step / (now - self.t_loop)
+        mean_return = float(np.mean(self.returns)) if self.returns else float("nan")
+        status = f"fps {fps:.0f}{'' if steady else ' (warm-up)'}, return {mean_return:.1f}"
+        if not self.bar.disable:
+            self.bar.set_postfix_str(status, refresh=False)
+            self.bar.update(global_step - self.bar.n)
+        elif now - self.t_line >= CONSOLE_SECONDS:
+            self.t_line = now
+            eta = (self.total_steps - global_step) / max(fps, 1e-9) / 60
+            line = f"{self.script}: {global_step}/{self.total_steps} steps, {status}, eta {eta:.1f} min"
+            print(line, file=sys.stderr, flush=True)
+        self.log(global_step, {"charts/SPS": fps})
+        return True
+
+    def episode(self, global_step, episodic_return, length):
+        """A finished episode: its return counts in the mean shown and recorded, and both are logged."""
+        self.returns.append(float(episodic_return))
+        scalars = {"charts/episodic_return": float(episodic_return), "charts/episodic_length": int(length)}
+        self.log(global_step, scalars)
+
+    def log(self, global_step, scalars):
+        """Scalars to TensorBoard and, with --track, to wandb; tensor values are read back together, in one sync."""
+        tensors = [key for key, value in scalars.items() if isinstance(value, torch.Tensor)]
+        if tensors:
+            values = torch.stack([scalars[key].float().reshape(()) for key in tensors]).tolist()
+            scalars = {**scalars, **dict(zip(tensors, values))}
+        if self.writer is not None:
+            for key, value in scalars.items():
+                self.writer.add_scalar(key, value, global_step)
+        if self.args.track:
+            self.wandb.log(scalars, step=global_step)
+
+    def finish(self):
+        """The speed record: printed as the last stdout line, appended to --speed-log, and returned. After Ctrl-C
+        it covers the steps done; a run that never reached its fps window is measured over its whole loop."""
+        if self.interrupted:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the record short
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        t_end = time.perf_counter()
+        if self.profiler is not None:
+            self.save_profile()
+        if self.bar is not None:
+            self.bar.update(self.steps - self.bar.n)
+            self.bar.close()
+        if self.interrupted:
+            print(f"interrupted after {self.steps} env steps", file=sys.stderr, flush=True)
+        if self.returns and (not self.curve or self.curve[-1][0] < self.steps):
+            seconds, mean_return = t_end - self.t_start, float(np.mean(self.returns))
+            # The curve ends where the run did.
+            self.curve.append([self.steps, round(seconds, 3), round(mean_return, 2)])
+        steady = self.t_window is not None and self.steps > self.steps_window
+        t_from, steps_from = (self.t_window, self.steps_window) if steady else (self.t_loop or t_end, 0)
+        record = {
+            "script": self.script,
+            "env_id": self.args.env_id,
+            "seed": self.args.seed,
+            "compile": getattr(self.args, "compile", False),
+            "cudagraphs": getattr(self.args, "cudagraphs", False),
+            "device": self.device.type,
+            "gpu": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
+            "cpu_count": os.cpu_count(),
+            "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
+            "total_timesteps": self.steps,
+            "fps": round((self.steps - steps_from) / (t_end - t_from), 1) if t_end > t_from else 0.0,
+            "steady": steady,
+            "interrupted": self.interrupted,
+            "fps_overall": round(self.steps / (t_end - self.t_start), 1),
+            "warmup_seconds": round(t_from - self.t_start, 3),
+            "wall_seconds": round(t_end - self.t_start, 3),
+            "episodic_return": round(float(np.mean(self.returns)), 2) if self.returns else None,
+            "return_curve": self.curve,
+        }
+        if self.writer is not None:
+            self.writer.close()
+        if self.args.track:
+            self.wandb.finish()
+        line = json.dumps(record)
+        if self.args.speed_log:
+            # One write of a whole line in append mode, so concurrent runs never interleave.
+            with open(self.args.speed_log, "a") as f:
+                f.write(line + "\n")
+        print(line, flush=True)
+        return record
+
+
+def train(args, meter):
+    batch_size = args.num_envs * args.num_steps
+    minibatch_size = batch_size // args.num_minibatches
+    num_iterations = args.total_timesteps // batch_size
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    device, phase = meter.device, meter.phase
+
+    envs = Envs(args.env_id, args.num_envs, device)
+    n_obs = envs.physics.n_obs
+    agent = Agent(args, n_obs, envs.physics.n_act, device)
+    gae, update, policy, stats = make_update_fns(agent, args)
+    rollout = Rollout(args.num_steps, args.num_envs, n_obs, device)
+    collect = make_collect(policy, envs, rollout, args)
+
+    rollout.obs[-1] = envs.observe()
+    global_step = 0
+    steps = num_iterations * batch_size
+    meter.start(steps, WARMUP_ITERATIONS * batch_size, PROFILE_ITERATIONS * batch_size, batch_size)
+    for iteration in range(1, num_iterations + 1):
+        meter.unit(global_step)
+        with phase("update"):
+            if args.anneal_lr:
+                frac = 1.0 - (iteration - 1.0) / num_iterations
+                agent.set_learning_rate(frac * args.learning_rate)
+
+        global_step += batch_size
+        with phase("env_step"):
+            collect()
+
+        with phase("other"):
+            meter.tick(global_step)
+
+        with phase("update"):
+            advantages, rets = gae(
+                rollout.obs[-1], rollout.dones[-1], rollout.rewards, rollout.values, rollout.dones[:-1]
+            )
+
+        # flatten the batch: obs, actions, logprobs, advantages, returns, values
+        batch = (
+            rollout.obs[:-1].reshape((-1, n_obs)),
+            rollout.actions.reshape(-1),
+            rollout.logprobs.reshape(-1),
+            advantages.reshape(-1),
+            rets.reshape(-1),
+            rollout.values.reshape(-1),
+        )
+
+        # Optimizing the policy and value network
+        for epoch in range(args.update_epochs):
+            with phase("data"):
+                b_inds = torch.randperm(batch_size, device=device)
+                # One gather per epoch: the minibatches are then contiguous slices of the shuffled batch.
+                shuffled = [b[b_inds] for b in batch]
+            for start in range(0, batch_size, minibatch_size):
+                with phase("data"):
+                    minibatch = [b[start : start + minibatch_size] for b in shuffled]
+                with phase("update"):
+                    update(*minibatch)
+            if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
+                break
+
+        with phase("other"):
+            # The episodes that ended in this rollout count as one, their mean: thousands end per rollout with
+            # many envs. Read back in one sync.
+            ended, return_sum, length_sum = envs.ended_episodes().tolist()
+            if ended:
+                meter.episode(global_step, return_sum / ended, length_sum / ended)
+            # On the device, so that it is read back with the statistics, in one sync.
+            var_y = batch[-2].var(correction=0)
+            explained_var = torch.where(var_y == 0, torch.nan, 1 - (batch[-2] - batch[-1]).var(correction=0) / var_y)
+            scalars = {f"losses/{name}": stats[name] for name in STATS}
+            scalars.update({"losses/explained_variance": explained_var, "charts/learning_rate": agent.learning_rate()})
+            meter.log(global_step, scalars)
+
+
+def main(argv=None):
+    """Train as the arguments say; return the speed record, which Ctrl-C ends the run with too."""
+    argv = sys.argv[1:] if argv is None else argv
+    args = tyro.cli(Args, args=argv)
+    check_args(args, argv)
+    meter = Meter(args, os.path.basename(__file__)[: -len(".py")])
+    try:
+        train(args, meter)
+    except KeyboardInterrupt:
+        meter.interrupted = True
+    return meter.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(130 if main()["interrupted"] else 0)
