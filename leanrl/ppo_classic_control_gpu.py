@@ -83,8 +83,8 @@ class Args:
     """profile the start of the steady window (after warm-up) and write the trace into this directory"""
 
 
-# Iterations that count as warm-up: the fps window starts after them.
-WARMUP_ITERATIONS = 2
+# Iterations that count as warm-up: the fps window starts after them (the twin captures its rollout at the third).
+WARMUP_ITERATIONS = 3
 # Iterations profiled with --profile-dir, at the start of the steady window.
 PROFILE_ITERATIONS = 1
 # The statistics of a minibatch update, in the order they are logged.
@@ -262,7 +262,7 @@ class MountainCar:
     @classmethod
     def step(cls, state, action):
         position, velocity = state.unbind(-1)
-        velocity = velocity + (action - 1) * cls.force + torch.cos(3 * position) * (-cls.gravity)
+        velocity = velocity + (action - 1).to(state.dtype) * cls.force + torch.cos(3 * position) * (-cls.gravity)
         velocity = velocity.clamp(-cls.max_speed, cls.max_speed)
         position = (position + velocity).clamp(cls.min_position, cls.max_position)
         velocity = torch.where((position == cls.min_position) & (velocity < 0), 0.0, velocity)
@@ -346,7 +346,9 @@ class ActorCritic(nn.Module):
         logits = self.actor(x)
         probs = Categorical(logits=logits)
         if action is None:
-            action = probs.sample()
+            # Gumbel-max: a sample of the same categorical distribution as probs.sample(), drawn from uniform
+            # numbers by pointwise operations that a compiled step fuses (the twin draws the same stream)
+            action = torch.argmax(logits - torch.log(-torch.log(torch.rand_like(logits))), dim=-1)
         return action, probs.log_prob(action), probs.entropy(), self.critic(x)
 
 

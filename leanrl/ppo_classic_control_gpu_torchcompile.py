@@ -90,8 +90,8 @@ class Args:
     """capture the rollout, GAE and the update as CUDA graphs (tensordict's CudaGraphModule)"""
 
 
-# Iterations that count as warm-up: the fps window starts after them.
-WARMUP_ITERATIONS = 2
+# Iterations that count as warm-up: the fps window starts after them (the twin captures its rollout at the third).
+WARMUP_ITERATIONS = 3
 # Iterations profiled with --profile-dir, at the start of the steady window.
 PROFILE_ITERATIONS = 1
 # The statistics of a minibatch update, in the order they are logged.
@@ -269,7 +269,7 @@ class MountainCar:
     @classmethod
     def step(cls, state, action):
         position, velocity = state.unbind(-1)
-        velocity = velocity + (action - 1) * cls.force + torch.cos(3 * position) * (-cls.gravity)
+        velocity = velocity + (action - 1).to(state.dtype) * cls.force + torch.cos(3 * position) * (-cls.gravity)
         velocity = velocity.clamp(-cls.max_speed, cls.max_speed)
         position = (position + velocity).clamp(cls.min_position, cls.max_position)
         velocity = torch.where((position == cls.min_position) & (velocity < 0), 0.0, velocity)
@@ -354,7 +354,9 @@ class ActorCritic(nn.Module):
         # Checking the arguments would read them back to the host: a sync, and not allowed in a CUDA graph
         probs = Categorical(logits=logits, validate_args=False)
         if action is None:
-            action = probs.sample()
+            # Gumbel-max: a sample of the same categorical distribution as probs.sample(), drawn from uniform
+            # numbers by pointwise operations that a compiled step fuses (the twin draws the same stream)
+            action = torch.argmax(logits - torch.log(-torch.log(torch.rand_like(logits))), dim=-1)
         return action, probs.log_prob(action), probs.entropy(), self.critic(x)
 
 

@@ -8,6 +8,10 @@ from pathlib import Path
 import pytest
 
 SCRIPTS = sorted((Path(__file__).resolve().parents[1] / "leanrl").glob("*.py"))
+BASELINES = (
+    "ppo_atari_envpool", "ppo_classic_control_gpu", "ppo_continuous_action", "sac_continuous_action",
+    "td3_continuous_action",
+)  # fmt: skip
 SHARED_DEFS = ("fail", "flag", "wandb_credentials", "Meter", "main")
 SHARED_CONSTANTS = ("PROGRESS_SECONDS", "CONSOLE_SECONDS", "QUIET_WARNINGS")
 COMMON_FIELDS = (
@@ -43,8 +47,10 @@ def args_fields(path):
     return fields
 
 
-def test_eight_scripts():
-    assert len(SCRIPTS) == 8
+def test_five_baselines_and_their_twins():
+    """The scripts are exactly these baselines and, for each, its _torchcompile twin."""
+    pairs = [stem for base in BASELINES for stem in (base, base + "_torchcompile")]
+    assert sorted(path.stem for path in SCRIPTS) == sorted(pairs)
 
 
 @pytest.mark.parametrize("name", SHARED_DEFS + SHARED_CONSTANTS + ("__main__",))

@@ -1,0 +1,657 @@
+"""Data-collection throughput, in the shape of Gleeson et al. 2022, "Optimizing Data Collection in Deep RL"
+(Figures 4, 6 and 8): env steps (samples) per second of policy forward, action sampling, env step and
+auto-reset, with the trajectory written, over N envs and K steps per call, for each way of collecting:
+
+    gymnasium      gymnasium's numpy-vectorized CartPole on the CPU, the torch policy on the device
+    envpool        envpool's CartPole-v1 on the CPU, the same policy arrangement
+    torch-eager    ppo_classic_control_gpu_torchcompile.py's make_collect, envs as device tensors
+    torch-compile  the same with --compile: the env step compiled
+    torch-graph-eager  the same with --cudagraphs: the K-step collect captured as one CUDA graph (CUDA only)
+    torch-graph    the same with --compile --cudagraphs, the script's fastest mode (CUDA only)
+    jax            the same network and CartPole in JAX, K steps as one jit of lax.scan (where jax imports)
+
+One call collects K steps of N envs (N*K samples). Warm-up calls (compilation, capture) are timed apart;
+then calls repeat until --min-seconds have passed, and samples/s = N*K*calls/seconds, synchronised at the
+end. After the timing one more call is profiled: GPU kernels per env step (Figure 6; on the CPU, aten ops).
+
+    # the paper-shaped sweeps on the GPU machine, every backend: the defaults are N = 2^0, 2^2 .. 2^20 at
+    # K = 128 (Figure 4) and K = 2^0, 2^2 .. 2^10 at N = 4096 (Figure 8); each size of torch-compile and
+    # torch-graph compiles afresh, so this takes a while: split it by --sweep or --backends to fit a time limit
+    python leanrl/tools/collect_bench.py --out runs/collect_bench
+
+    # every power of two for the device-resident backends, Figure 4 only
+    python leanrl/tools/collect_bench.py --sweep n --backends torch-graph jax --out runs/collect_bench_n \\
+        --envs 2^0 2^1 2^2 2^3 2^4 2^5 2^6 2^7 2^8 2^9 2^10 2^11 2^12 2^13 2^14 2^15 2^16 2^17 2^18 2^19 2^20
+
+    # a quick look on a laptop (CPU: the torch-graph backends are skipped, and say why)
+    python leanrl/tools/collect_bench.py --envs 1 16 256 --steps 1 16 128 --fixed-envs 256 \\
+        --backends gymnasium envpool torch-eager torch-compile --min-seconds 0.3 --out runs/collect_bench
+
+Writes OUT/collect_bench.md (a table per measurement, the torch/JAX ratios, what was skipped and why),
+OUT/collect_bench.jsonl (one record per measurement) and OUT/figure4.png, OUT/figure8.png (log-log, one line
+per backend) for the sweeps run.
+"""
+
+import argparse
+import dataclasses
+import datetime
+import functools
+import gc
+import importlib.util
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import warnings
+from collections import deque
+from types import SimpleNamespace
+
+# JAX grabs most of the GPU's memory when it starts unless told not to; torch shares the GPU in this process.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+SCRIPT_NAME = "ppo_classic_control_gpu_torchcompile"
+SCRIPT_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), f"{SCRIPT_NAME}.py")
+# Torch backends: (compile, cudagraphs) of the script's make_collect.
+TORCH_MODES = {
+    "torch-eager": (False, False),
+    "torch-compile": (True, False),
+    "torch-graph-eager": (False, True),
+    "torch-graph": (True, True),
+}
+# In this order: JAX last, so the memory it keeps once it has run does not crowd the torch backends.
+BACKENDS = ("gymnasium", "envpool", *TORCH_MODES, "jax")
+# Backends with a CartPole of their own (not the script's Envs), each from a package of that name.
+OWN_CARTPOLE = ("gymnasium", "envpool", "jax")
+DEFAULT_ENVS = [4**i for i in range(11)]  # 2^0 .. 2^20
+DEFAULT_STEPS = [4**i for i in range(6)]  # 2^0 .. 2^10
+# Calls before the timing: the first compiles (jit, torch.compile) and allocates, and torch.compile makes the
+# step index symbolic at its second step, within the first call. CUDA graphs need more: see build_torch.
+WARMUP_CALLS = 2
+# Calls in flight at once for JAX, whose dispatch is asynchronous and allocates a new trajectory per call.
+JAX_IN_FLIGHT = 2
+
+
+def fail(message):
+    """Bad input: one line on stderr, exit code 2, no traceback."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's own errors as the one line too, not usage and a second line
+        fail(message)
+
+
+class Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """--help shows this module's docstring as written, and each option's default."""
+
+
+def load_script():
+    """The training script as a module (its main() not run): the envs, networks and collect being measured."""
+    spec = importlib.util.spec_from_file_location(SCRIPT_NAME, SCRIPT_PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+script = load_script()
+
+
+def count(option):
+    """A count given as 4096 or 2^12, which must be positive."""
+
+    def parse(text):
+        try:
+            base, _, power = text.partition("^")
+            value = int(base) ** int(power) if power else int(base)
+        except ValueError:
+            fail(f"{option} {text!r} is not a whole number (like 4096 or 2^12)")
+        if value <= 0:
+            fail(f"{option} {text} must be positive")
+        return value
+
+    return parse
+
+
+# --- which backends can run here ------------------------------------------------------------------------------
+
+
+def unavailable(backend, env_id, device):
+    """Why a backend cannot run here, or None when it can."""
+    if backend in OWN_CARTPOLE and env_id != "CartPole-v1":
+        return f"CartPole-v1 only, not {env_id}"
+    if TORCH_MODES.get(backend, (False, False))[1] and device.type != "cuda":
+        return "CUDA graphs need CUDA"
+    if backend in OWN_CARTPOLE:
+        try:
+            importlib.import_module(backend)
+        except Exception as e:  # envpool and jax fail to import in more ways than ImportError
+            return f"`import {backend}` failed: {type(e).__name__}: {e}".splitlines()[0]
+    if backend == "jax":
+        import jax
+
+        try:
+            jax.devices(jax_platform(device))
+        except RuntimeError:
+            return f"jax has no {jax_platform(device)} backend here (JAX devices: {jax.devices()})"
+    return None
+
+
+def jax_platform(device):
+    return "gpu" if device.type == "cuda" else "cpu"
+
+
+# --- one backend at one (N, K): a namespace with collect() (one call of K steps), sync(), the trajectory --------
+
+
+def seeded(env_id, n, k, device, seed, compile=False, cudagraphs=False):
+    """(args, envs, network, acting policy) as the script's train() builds them from the seed, so that every
+    backend acts with the same weights. args is the script's own Args with the bench's sizes and modes, the rest
+    at the script's defaults."""
+    args = dataclasses.replace(
+        script.Args(), env_id=env_id, num_envs=n, num_steps=k, seed=seed, compile=compile, cudagraphs=cudagraphs
+    )
+    torch.manual_seed(seed)
+    envs = script.Envs(env_id, n, device)
+    agent = script.Agent(args, envs.physics.n_obs, envs.physics.n_act, device)
+    _, _, policy, _ = script.make_update_fns(agent, args)
+    return args, envs, agent.net, policy
+
+
+def torch_sync(device):
+    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+
+def build_torch(backend, env_id, n, k, device, seed):
+    """The script's collect as its train() sets it up, in the mode the backend names."""
+    compile, cudagraphs = TORCH_MODES[backend]
+    # Each (N, K) compiles afresh: dynamo would otherwise pile up recompiles of the one step function across the
+    # sizes until it hits its cache limit and falls back to eager.
+    torch._dynamo.reset()
+    args, envs, net, policy = seeded(env_id, n, k, device, seed, compile, cudagraphs)
+    rollout = script.Rollout(k, n, envs.physics.n_obs, device)
+    rollout.obs[-1] = envs.observe()
+    collect = script.make_collect(policy, envs, rollout, args)
+    warmup = WARMUP_CALLS
+    if cudagraphs:
+        # The graph module's eager calls and its capture (make_collect sets how many; tensordict versions differ
+        # by one in how they count them), then one replay, as the first is slower.
+        warmup = getattr(collect, "_warmup", 3) + 2
+    variant = " ".join([f"{SCRIPT_NAME}.make_collect"] + ["--compile"] * compile + ["--cudagraphs"] * cudagraphs)
+    return SimpleNamespace(collect=collect, sync=torch_sync(device), rollout=rollout, net=net,
+                           warmup_calls=warmup, profiled=True, variant=variant)  # fmt: skip
+
+
+def make_simulator(backend, n, seed):
+    """(vector env, its first observation, what it is): gymnasium's numpy-vectorized CartPole where it has one,
+    else its sync vector env; or envpool's. Both auto-reset on the step after an episode ends, not on the same
+    step as the script's Envs."""
+    with warnings.catch_warnings():
+        # CartPole's observation bounds are float64 numbers in a float32 space, and gymnasium's Box says so.
+        warnings.filterwarnings("ignore", r".*precision lowered by casting to float32", UserWarning)
+        if backend == "gymnasium":
+            import gymnasium as gym
+
+            try:
+                envs = gym.make_vec("CartPole-v1", num_envs=n, vectorization_mode="vector_entry_point")
+                variant = f"gymnasium {gym.__version__} vector_entry_point"
+            except (gym.error.Error, ValueError, AttributeError):
+                envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(n)])
+                variant = f"gymnasium {gym.__version__} sync"
+            return envs, envs.reset(seed=seed)[0], variant
+        import envpool
+
+        make = getattr(envpool, "make_gymnasium", None)
+        make = make or (lambda *a, **kw: envpool.make(*a, env_type="gymnasium", **kw))
+        envs = make("CartPole-v1", num_envs=n, seed=seed)
+        return envs, envs.reset()[0], f"envpool {envpool.__version__}"
+
+
+def build_simulator(backend, env_id, n, k, device, seed):
+    """What a script with a CPU simulator does each step: the observation copied to the device, the policy
+    there, the action copied back for the simulator, and the step's results copied into the rollout."""
+    _, _, net, policy = seeded(env_id, n, k, device, seed)
+    envs, obs, variant = make_simulator(backend, n, seed)
+    rollout = script.Rollout(k, n, script.CartPole.n_obs, device)
+    rollout.obs[-1] = torch.as_tensor(obs, device=device)
+
+    def collect():
+        rollout.obs[0] = rollout.obs[-1]
+        rollout.dones[0] = rollout.dones[-1]
+        for t in range(k):
+            action, logprob, value = policy(rollout.obs[t])
+            next_obs, reward, terminated, truncated, _ = envs.step(action.cpu().numpy())
+            rollout.actions[t] = action
+            rollout.logprobs[t] = logprob
+            rollout.values[t] = value
+            rollout.rewards[t] = torch.as_tensor(reward, device=device)
+            rollout.obs[t + 1] = torch.as_tensor(next_obs, device=device)
+            rollout.dones[t + 1] = torch.as_tensor(terminated | truncated, device=device)
+
+    return SimpleNamespace(collect=collect, sync=torch_sync(device), rollout=rollout, net=net,
+                           warmup_calls=WARMUP_CALLS, profiled=True, variant=variant)  # fmt: skip
+
+
+def build_jax(backend, env_id, n, k, device, seed):
+    """The script's network (its weights, from the same seed) and CartPole with the script's Envs semantics
+    (same-step auto-reset with fresh noise drawn for every env every step, the time limit, the episode sums),
+    K steps as one jitted lax.scan whose outputs are the trajectory."""
+    import jax
+    import jax.numpy as jnp
+
+    jax_device = jax.devices(jax_platform(device))[0]
+    _, _, net, _ = seeded(env_id, n, k, device, seed)
+    params = jax.device_put({name: p.detach().cpu().numpy() for name, p in net.state_dict().items()}, jax_device)
+    c = script.CartPole
+
+    def mlp(params, prefix, x):
+        # Linear layers 0, 2, 4 of the script's nn.Sequential, tanh between; full float32 matmuls, as torch's.
+        for i in (0, 2, 4):
+            x = jnp.dot(x, params[f"{prefix}.{i}.weight"].T, precision=jax.lax.Precision.HIGHEST)
+            x = x + params[f"{prefix}.{i}.bias"]
+            x = jnp.tanh(x) if i < 4 else x
+        return x
+
+    def physics(state, action):  # the script's CartPole.step
+        x, x_dot, theta, theta_dot = state[:, 0], state[:, 1], state[:, 2], state[:, 3]
+        force = jnp.where(action == 1, c.force_mag, -c.force_mag).astype(jnp.float32)
+        costheta, sintheta = jnp.cos(theta), jnp.sin(theta)
+        temp = (force + c.polemass_length * theta_dot**2 * sintheta) / c.total_mass
+        thetaacc = (c.gravity * sintheta - costheta * temp) / (
+            c.length * (4.0 / 3.0 - c.masspole * costheta**2 / c.total_mass)
+        )
+        xacc = temp - c.polemass_length * thetaacc * costheta / c.total_mass
+        x, x_dot = x + c.tau * x_dot, x_dot + c.tau * xacc
+        theta, theta_dot = theta + c.tau * theta_dot, theta_dot + c.tau * thetaacc
+        terminated = (jnp.abs(x) > c.x_threshold) | (jnp.abs(theta) > c.theta_threshold)
+        return jnp.stack((x, x_dot, theta, theta_dot), -1), jnp.ones_like(x), terminated
+
+    def initial(key):  # the script's CartPole.initial of uniform noise
+        return c.initial(jax.random.uniform(key, (n, c.n_noise), dtype=jnp.float32))
+
+    def env_step(params, carry, _):
+        state, elapsed, episode_return, ended, key = carry
+        key, key_action, key_reset = jax.random.split(key, 3)
+        obs = c.observe(state)
+        logits, value = mlp(params, "actor", obs), mlp(params, "critic", obs)[:, 0]
+        action = jax.random.categorical(key_action, logits)
+        logprob = jnp.take_along_axis(jax.nn.log_softmax(logits), action[:, None], 1)[:, 0]
+        state, reward, terminated = physics(state, action)
+        elapsed = elapsed + 1
+        episode_return = episode_return + reward
+        done = terminated | (elapsed >= c.max_episode_steps)
+        state = jnp.where(done[:, None], initial(key_reset), state)
+        ended = ended + jnp.stack((done.astype(jnp.float32), episode_return, elapsed.astype(jnp.float32))) * done
+        elapsed = jnp.where(done, 0, elapsed)
+        episode_return = jnp.where(done, 0.0, episode_return)
+        # Step t of the trajectory: the observation acted on, what the policy made of it, and what the step gave.
+        step = {"obs": obs, "actions": action, "logprobs": logprob, "values": value, "rewards": reward,
+                "dones": done.astype(jnp.float32)}  # fmt: skip
+        return (state, elapsed, episode_return, ended, key), step
+
+    @jax.jit
+    def run(params, carry):
+        # The weights are arguments, not constants folded into the program.
+        return jax.lax.scan(functools.partial(env_step, params), carry, None, length=k)
+
+    with jax.default_device(jax_device):
+        key, key_initial = jax.random.split(jax.random.PRNGKey(seed))
+        zeros = jnp.zeros(n, jnp.float32)
+        carry = (initial(key_initial), jnp.zeros(n, jnp.int32), zeros, jnp.zeros((3, n), jnp.float32), key)
+    bench = SimpleNamespace(carry=jax.device_put(carry, jax_device), rollout=None, net=net, warmup_calls=WARMUP_CALLS,
+                            profiled=False, variant=f"jax {jax.__version__} {jax_device.platform}")  # fmt: skip
+    in_flight = deque()
+
+    def collect():
+        # Dispatch is asynchronous: wait for the call before last, so the device stays busy while the host
+        # dispatches, and at most JAX_IN_FLIGHT trajectories are alive.
+        if len(in_flight) >= JAX_IN_FLIGHT:
+            jax.block_until_ready(in_flight.popleft())
+        bench.carry, bench.rollout = run(params, bench.carry)
+        in_flight.append(bench.rollout)
+
+    def sync():
+        jax.block_until_ready((bench.carry, bench.rollout))
+        in_flight.clear()
+
+    bench.collect, bench.sync = collect, sync
+    return bench
+
+
+def build(backend, env_id, n, k, device, seed=1):
+    builder = build_torch if backend in TORCH_MODES else build_jax if backend == "jax" else build_simulator
+    return builder(backend, env_id, n, k, device, seed)
+
+
+# --- measuring ------------------------------------------------------------------------------------------------
+
+
+def measure(bench, min_seconds):
+    """(warm-up seconds, calls, seconds) of the calls repeated until min_seconds have passed, at least one."""
+    start = time.perf_counter()
+    for _ in range(bench.warmup_calls):
+        bench.collect()
+    bench.sync()
+    warmup_seconds = time.perf_counter() - start
+    calls, start = 0, time.perf_counter()
+    while calls == 0 or time.perf_counter() - start < min_seconds:
+        bench.collect()
+        calls += 1
+    bench.sync()
+    return warmup_seconds, calls, time.perf_counter() - start
+
+
+def count_events(events, steps):
+    """Per env step, from a trace's complete events: GPU kernels run (a replayed CUDA graph's each count), CUDA
+    API launch calls (a graph replay is one), and aten ops called from outside any other aten op."""
+    kernels = sum(e.get("cat") == "kernel" for e in events)
+    launches = sum(e.get("cat") in ("cuda_runtime", "cuda_driver") and "Launch" in e["name"] for e in events)
+    ops, ends = 0, {}
+    aten = [e for e in events if e.get("cat") == "cpu_op" and e["name"].startswith("aten::")]
+    for e in sorted(aten, key=lambda e: (e["ts"], -e["dur"])):
+        if e["ts"] >= ends.get(e.get("tid"), float("-inf")):  # not inside the last top-level op of its thread
+            ops += 1
+            ends[e.get("tid")] = e["ts"] + e["dur"]
+    return {"kernels_per_step": kernels / steps, "launches_per_step": launches / steps,
+            "aten_ops_per_step": ops / steps}  # fmt: skip
+
+
+def profile_call(bench, k, device):
+    """count_events over one more call, profiled with CPU and, on CUDA, GPU activities."""
+    activities = [ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * (device.type == "cuda")
+    with profile(activities=activities) as prof:
+        bench.collect()
+        bench.sync()
+    with tempfile.TemporaryDirectory() as scratch:
+        path = os.path.join(scratch, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = [e for e in json.load(f)["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"]
+    for e in events:
+        e["ts"], e["dur"], e["name"] = float(e["ts"]), float(e["dur"]), str(e["name"])
+    counts = count_events(events, k)
+    if device.type != "cuda":
+        counts["kernels_per_step"] = counts["launches_per_step"] = None
+    return counts
+
+
+def out_of_memory(e):
+    message = str(e)
+    return (
+        isinstance(e, (torch.OutOfMemoryError, MemoryError))
+        or "RESOURCE_EXHAUSTED" in message
+        or ("out of memory" in message.lower())
+    )
+
+
+def run_one(backend, env_id, n, k, device, args, environment):
+    """The record of one backend at one (N, K)."""
+    bench = build(backend, env_id, n, k, device, args.seed)
+    warmup_seconds, calls, seconds = measure(bench, args.min_seconds)
+    counts = profile_call(bench, k, device) if bench.profiled and args.kernels else {}
+    return {
+        "backend": backend,
+        "variant": bench.variant,
+        "env_id": env_id,
+        "num_envs": n,
+        "num_steps": k,
+        "calls": calls,
+        "seconds": seconds,
+        "samples_per_second": n * k * calls / seconds,
+        "warmup_calls": bench.warmup_calls,
+        "warmup_seconds": warmup_seconds,
+        "kernels_per_step": counts.get("kernels_per_step"),
+        "launches_per_step": counts.get("launches_per_step"),
+        "aten_ops_per_step": counts.get("aten_ops_per_step"),
+        **environment,
+    }
+
+
+def run_point(backend, env_id, n, k, device, args, environment):
+    """run_one's record, or None where the device ran out of memory; the memory is freed either way."""
+    try:
+        return run_one(backend, env_id, n, k, device, args, environment)
+    except Exception as e:
+        if not out_of_memory(e):
+            raise
+        return None
+    finally:
+        gc.collect()  # this size's buffers and graphs go before the next is built
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def environment_of(device):
+    """What a record says about where it ran."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = platform.processor() or platform.machine()
+        try:
+            with open("/proc/cpuinfo") as f:
+                name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+        except (OSError, StopIteration):
+            pass
+    try:
+        import jax
+
+        jax_version = jax.__version__
+    except Exception:  # as in unavailable(): a broken jax install is no jax
+        jax_version = None
+    return {
+        "device": device.type,
+        "device_name": name,
+        "torch": torch.__version__,
+        "jax": jax_version,
+        "torch_threads": torch.get_num_threads(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+
+
+# --- reporting ------------------------------------------------------------------------------------------------
+
+
+def progress_line(r):
+    return (
+        f"{r['backend']} N={r['num_envs']} K={r['num_steps']}: {r['samples_per_second']:,.0f} samples/s "
+        f"({r['calls']} calls in {r['seconds']:.2f} s, warm-up {r['warmup_seconds']:.2f} s)"
+    )
+
+
+def per_step_cell(record):
+    if record["kernels_per_step"] is not None:
+        return f"{record['kernels_per_step']:.1f}"
+    if record["aten_ops_per_step"] is not None:
+        return f"{record['aten_ops_per_step']:.1f} aten ops"
+    return "—"
+
+
+def render_markdown(records, skipped, environment, args):
+    lines = [
+        "# Data-collection throughput",
+        "",
+        f"{args.env_id} on {environment['device_name']} ({environment['device']}), torch {environment['torch']}"
+        + (f", jax {environment['jax']}" if environment["jax"] else "")
+        + f", {environment['date']}. Samples/s = N*K*calls/seconds over at least {args.min_seconds} s of calls"
+        " after the warm-up calls; kernels per step: GPU kernels per env step over one profiled call"
+        " (on the CPU: aten ops per env step).",
+        "",
+        "| backend | N | K | samples/s | calls | warm-up s | kernels per step |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(records, key=lambda r: (BACKENDS.index(r["backend"]), r["num_envs"], r["num_steps"])):
+        lines.append(
+            f"| {r['backend']} | {r['num_envs']} | {r['num_steps']} | {r['samples_per_second']:,.0f} | {r['calls']} "
+            f"| {r['warmup_seconds']:.2f} | {per_step_cell(r)} |"
+        )
+    by_key = {(r["backend"], r["num_envs"], r["num_steps"]): r["samples_per_second"] for r in records}
+    torch_backends = [b for b in TORCH_MODES if any(r["backend"] == b for r in records)]
+    pairs = sorted({(n, k) for b, n, k in by_key if b == "jax" and any((t, n, k) in by_key for t in torch_backends)})
+    if pairs:
+        lines += ["", "## Torch against JAX (ratio of samples/s)", ""]
+        lines += ["| N | K | " + " | ".join(f"{b} / jax" for b in torch_backends) + " |"]
+        lines += ["|---|---|" + "---|" * len(torch_backends)]
+        for n, k in pairs:
+            ratios = [by_key.get((b, n, k)) for b in torch_backends]
+            cells = [f"{r / by_key['jax', n, k]:.2f}" if r else "—" for r in ratios]
+            lines.append(f"| {n} | {k} | " + " | ".join(cells) + " |")
+    if skipped:
+        lines += ["", "## Skipped", ""] + [f"- {what}: {why}" for what, why in skipped]
+    return "\n".join(lines) + "\n"
+
+
+def render_figure(records, path, x_key, fixed_key, fixed_value, environment):
+    """Samples/s against x_key (num_envs: the paper's Figure 4; num_steps: its Figure 8), where fixed_key has
+    fixed_value, one line per backend."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for backend in BACKENDS:
+        points = sorted((r[x_key], r["samples_per_second"]) for r in records
+                        if r["backend"] == backend and r[fixed_key] == fixed_value)  # fmt: skip
+        if points:
+            ax.plot(*zip(*points), marker="o", label=backend)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("envs N" if x_key == "num_envs" else "steps per call K")
+    ax.set_ylabel("samples/s")
+    fixed = "K" if fixed_key == "num_steps" else "N"
+    ax.set_title(f"samples/s against {'N' if fixed == 'K' else 'K'} at {fixed} = {fixed_value}, "
+                 f"{environment['device_name']}", fontsize=10)  # fmt: skip
+    ax.grid(True, which="major", alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# --- the command line -----------------------------------------------------------------------------------------
+
+
+def parse_args(argv):
+    parser = Parser(description=__doc__, formatter_class=Formatter)
+    parser.add_argument("--envs", nargs="+", default=DEFAULT_ENVS, type=count("--envs"),
+                        help="N, the envs of the N sweep (as 4096 or 2^12)")  # fmt: skip
+    parser.add_argument("--steps", nargs="+", default=DEFAULT_STEPS, type=count("--steps"),
+                        help="K, the steps per call of the K sweep")  # fmt: skip
+    parser.add_argument("--sweep", choices=("n", "k", "both"), default="both",
+                        help="n: samples/s against N at K=--fixed-steps (Figure 4); k: against K at N=--fixed-envs "
+                        "(Figure 8)")  # fmt: skip
+    parser.add_argument("--fixed-steps", type=count("--fixed-steps"), default=128, help="K of the N sweep")
+    parser.add_argument("--fixed-envs", type=count("--fixed-envs"), default=4096, help="N of the K sweep")
+    parser.add_argument("--backends", nargs="+", default=list(BACKENDS), help=f"any of {', '.join(BACKENDS)}")
+    parser.add_argument("--env-id", default="CartPole-v1", help=f"one of {', '.join(script.ENVS)}")
+    parser.add_argument("--min-seconds", type=float, default=1.0, help="timed calls repeat until this long")
+    parser.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="where the policy, the script's envs and the rollout live (JAX: the same kind)",
+    )
+    parser.add_argument("--seed", type=int, default=script.Args.seed, help="the networks' and the envs' seed")
+    parser.add_argument("--torch-threads", type=int, default=script.Args.torch_threads,
+                        help="torch's intra-op CPU threads, as the script's option (0: torch's default)")  # fmt: skip
+    parser.add_argument("--no-kernels", dest="kernels", action="store_false",
+                        help="skip the profiled call that counts kernels per step")  # fmt: skip
+    parser.add_argument("--out", required=True, help="directory for collect_bench.md, .jsonl and the figures")
+    args = parser.parse_args(argv)
+    backends = [b for item in args.backends for b in item.split(",") if b]
+    for backend in backends:
+        if backend not in BACKENDS:
+            fail(f"--backends {backend!r} is not one of {', '.join(BACKENDS)}")
+    args.backends = [b for b in BACKENDS if b in backends]  # in BACKENDS' order, whatever the order given
+    if args.env_id not in script.ENVS:
+        fail(f"--env-id {args.env_id!r} is not one of the script's environments: {', '.join(script.ENVS)}")
+    if not args.min_seconds >= 0:
+        fail(f"--min-seconds {args.min_seconds} must be 0 or more")
+    if args.torch_threads < 0:
+        fail(f"--torch-threads {args.torch_threads} must be 0 (torch's default) or positive")
+    try:
+        args.device = torch.device(args.device)
+    except RuntimeError as e:
+        fail(f"--device {args.device!r}: {e}")
+    if args.device.type not in ("cpu", "cuda"):
+        fail(f"--device {args.device} is neither cpu nor cuda")
+    if args.device.type == "cuda" and not torch.cuda.is_available():
+        fail("--device cuda, but CUDA is not available")
+    try:
+        os.makedirs(args.out, exist_ok=True)
+        tempfile.TemporaryFile(dir=args.out).close()
+    except OSError as e:
+        fail(f"--out {args.out} cannot be written: {e.strerror or e}")
+    return args
+
+
+def sweep_points(args):
+    """{(N, K): the figures it belongs to}, each (N, K) measured once even where both sweeps have it."""
+    points = {}
+    if args.sweep in ("n", "both"):
+        for n in args.envs:
+            points.setdefault((n, args.fixed_steps), []).append("figure4")
+    if args.sweep in ("k", "both"):
+        for k in args.steps:
+            points.setdefault((args.fixed_envs, k), []).append("figure8")
+    return points
+
+
+def write_outputs(records, skipped, environment, args, figures=True):
+    """The table, the records and (slower to draw) the figures of what is measured so far."""
+    with open(os.path.join(args.out, "collect_bench.md"), "w") as f:
+        f.write(render_markdown(records, skipped, environment, args))
+    with open(os.path.join(args.out, "collect_bench.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    if not figures:
+        return
+    if args.sweep in ("n", "both"):
+        path = os.path.join(args.out, "figure4.png")
+        render_figure(records, path, "num_envs", "num_steps", args.fixed_steps, environment)
+    if args.sweep in ("k", "both"):
+        path = os.path.join(args.out, "figure8.png")
+        render_figure(records, path, "num_steps", "num_envs", args.fixed_envs, environment)
+
+
+def main(argv=None):
+    """Measure, write the outputs, and return (records, skipped)."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    for category, message in script.QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message, category)
+    device, environment = args.device, environment_of(args.device)
+    records, skipped = [], []
+    try:
+        for backend in args.backends:
+            reason = unavailable(backend, args.env_id, device)
+            if reason:
+                print(f"skipped {backend}: {reason}", flush=True)
+                skipped.append((backend, reason))
+                continue
+            for (n, k), figures in sweep_points(args).items():
+                record = run_point(backend, args.env_id, n, k, device, args, environment)
+                if record is None:
+                    print(f"skipped {backend} N={n} K={k}: out of memory", flush=True)
+                    skipped.append((f"{backend} N={n} K={k}", "out of memory"))
+                else:
+                    records.append({**record, "figures": figures})
+                    print(progress_line(record), flush=True)
+                # A sweep cut short, even killed, keeps the table and the records of what it measured.
+                write_outputs(records, skipped, environment, args, figures=False)
+    finally:
+        write_outputs(records, skipped, environment, args)
+    print(f"wrote {args.out}/collect_bench.md, collect_bench.jsonl and the figures", flush=True)
+    return records, skipped
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt:  # main() has written what it measured
+        print("interrupted: the outputs hold what was measured before", file=sys.stderr)
+        sys.exit(130)

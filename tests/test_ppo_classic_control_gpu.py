@@ -1,0 +1,538 @@
+"""PPO on GPU-resident classic control: the batched envs against gymnasium's own (physics, rewards, terminations,
+the time limit, same-step auto-reset, episode sums, reset distributions), both scripts through full iterations
+in every mode on every env, the same first rollout in both, GAE and update equivalence of the compiled variant
+with the baseline, target-kl, learning-rate annealing, a learning test, the profile, Ctrl-C, bad input."""
+
+import ast
+import math
+
+import gymnasium as gym
+import helpers
+import numpy as np
+import pytest
+import torch
+from helpers import (
+    MODES,
+    PHASES,
+    SCRIPTS,
+    assert_cudagraphs_fallback,
+    assert_one_line_error,
+    assert_return_curve,
+    assert_same_update,
+    assert_steady,
+    assert_trace_phases,
+    load_script,
+    mode_id,
+    requires_cuda,
+    run_bad_input,
+    run_cli,
+    run_interrupted,
+    run_main,
+    run_mode,
+    tensorboard_scalars,
+)
+
+BASE, FAST = "ppo_classic_control_gpu", "ppo_classic_control_gpu_torchcompile"
+ENV_IDS = ("CartPole-v1", "Acrobot-v1", "MountainCar-v0")
+# The env code both scripts share, word for word.
+ENV_CODE = ("CartPole", "Acrobot", "MountainCar", "ENVS", "Envs")
+CPU = torch.device("cpu")
+
+# The TINY runs: 8 envs, minibatches of 80, five iterations (WARMUP_ITERATIONS of them warm-up, then the fps
+# window). Five rollouts of NUM_STEPS steps reach Acrobot's 500-step and MountainCar's 200-step time limits, so an
+# episode ends in every env (CartPole's random ones end after about 20 steps). The equivalence tests use the same
+# shapes, so the compiled ones find the TINY runs' graphs in Inductor's cache.
+NUM_ENVS, MINIBATCH, ITERATIONS = 8, 80, 5
+NUM_STEPS = {"CartPole-v1": 40, "Acrobot-v1": 100, "MountainCar-v0": 40}
+# The returns an episode can have: CartPole +1 a step; Acrobot -1 a step but 0 for the last when it terminates;
+# MountainCar -1 a step, at most 200 steps.
+RETURNS = {"CartPole-v1": (1, 500), "Acrobot-v1": (-500, 0), "MountainCar-v0": (-200, -1)}
+# The equivalence tests' agents: CartPole's sizes.
+N_OBS, N_ACT = load_script(BASE).CartPole.n_obs, load_script(BASE).CartPole.n_act
+pytestmark = pytest.mark.usefixtures("workdir")
+
+
+def tiny(env_id, iterations=ITERATIONS):
+    num_steps = NUM_STEPS[env_id]
+    return ["--env-id", env_id, "--num-envs", str(NUM_ENVS), "--num-steps", str(num_steps),
+            "--num-minibatches", str(NUM_ENVS * num_steps // MINIBATCH), "--update-epochs", "1",
+            "--total-timesteps", str(iterations * NUM_ENVS * num_steps)]  # fmt: skip
+
+
+def total(env_id):
+    return ITERATIONS * NUM_ENVS * NUM_STEPS[env_id]
+
+
+# ---- the envs against gymnasium's
+
+# gymnasium's reset distributions (its reset() code): uniform per state component in [low, high).
+RESET_BOUNDS = {
+    "CartPole-v1": ([-0.05] * 4, [0.05] * 4),
+    "Acrobot-v1": ([-0.1] * 4, [0.1] * 4),
+    "MountainCar-v0": ([-0.6, 0.0], [-0.4, 0.0]),
+}
+# Actions that drive episodes to their ends sooner than random ones: CartPole's balances the pole (long episodes,
+# which meet the time limit), Acrobot's and MountainCar's pump energy in until the goal is reached.
+DRIVERS = {
+    "CartPole-v1": lambda state: (3 * state[:, 2] + state[:, 3] > 0).long(),
+    "Acrobot-v1": lambda state: torch.where(state[:, 2] < 0, 2, 0),
+    "MountainCar-v0": lambda state: torch.where(state[:, 1] >= 0, 2, 0),
+}
+# Our envs compute in float32, gymnasium's in float64, both from the same state each step (errors never build
+# up): along trajectories a step's results differ by float32 rounding, a few ulps of the largest intermediate (at
+# most 1e-6 seen, in Acrobot, whose RK4 step sums dozens of terms). 1e-5 is well above that and far below what a
+# change in the physics does (a constant off by 1% moves a step's result by 1e-4 or more).
+FLOAT32_TOL = 1e-5
+# Our physics run in float64 gives gymnasium's numbers up to float64 rounding (1e-14 seen; MountainCar's force
+# enters as a float32 constant: 5e-11).
+FLOAT64_TOL = 1e-9
+# The states episodes live in, velocity bounds and MountainCar's walls included, which trajectories seldom reach.
+# At Acrobot's highest velocities float32 rounding alone reaches 3e-4: this box is checked in float64.
+STATE_BOX = {
+    "CartPole-v1": ([-2.4, -3.0, -0.21, -3.5], [2.4, 3.0, 0.21, 3.5]),
+    "Acrobot-v1": ([-math.pi, -math.pi, -4 * math.pi, -9 * math.pi], [math.pi, math.pi, 4 * math.pi, 9 * math.pi]),
+    "MountainCar-v0": ([-1.2, -0.07], [0.6, 0.07]),
+}
+envs_ids = pytest.mark.parametrize("env_id", ENV_IDS)
+
+
+def assert_reset_states(env_id, states):
+    low, high = (torch.tensor(bound, dtype=states.dtype) for bound in RESET_BOUNDS[env_id])
+    assert ((low <= states) & (states <= high)).all(), states
+
+
+def gym_step(ref, state, action, elapsed):
+    """gymnasium's own step (its env under its TimeLimit, as gym.make builds it) from our state, made float64, and
+    our count of steps into the episode: (state, observation, terminated, truncated, reward)."""
+    ref.unwrapped.state = state.double().numpy()
+    # CartPole's count of steps past a termination: each step starts from a state of a live episode.
+    ref.unwrapped.steps_beyond_terminated = None
+    ref._elapsed_steps = int(elapsed)
+    obs, reward, terminated, truncated, _ = ref.step(int(action))
+    return *map(torch.tensor, (ref.unwrapped.state, obs, terminated, truncated)), torch.tensor(reward).float()
+
+
+def check_physics_step(env_id, ref, state, action, elapsed, tol=FLOAT32_TOL):
+    """One step of our physics from a batch of states against gymnasium's from each: the same next state (within
+    tol), observation (gymnasium's are float32) and the same rewards and terminations. Returns our next
+    observation and gymnasium's rewards, terminations and truncations."""
+    physics = load_script(BASE).ENVS[env_id]
+    steps = [gym_step(ref, *x) for x in zip(state, action, elapsed, strict=True)]
+    gym_state, gym_obs, terminated, truncated, gym_reward = map(torch.stack, zip(*steps))
+    next_state, reward, our_terminated = physics.step(state, action)
+    next_obs = physics.observe(next_state)
+    torch.testing.assert_close(next_obs.float(), gym_obs, atol=FLOAT32_TOL, rtol=FLOAT32_TOL)
+    if env_id == "Acrobot-v1":
+        # The angles, which the observation holds as cosines and sines, are wrapped into [-pi, pi] as gymnasium's
+        # are; where one is within rounding of pi, ours and gymnasium's may lie a turn apart.
+        angles = next_state[:, :2]
+        assert (angles.abs() <= math.pi).all()
+        gym_state[:, :2] += torch.round((angles - gym_state[:, :2]) / (2 * math.pi)) * 2 * math.pi
+    torch.testing.assert_close(next_state, gym_state.to(state.dtype), atol=tol, rtol=tol)
+    assert torch.equal(reward, gym_reward) and torch.equal(our_terminated, terminated)
+    return next_obs, gym_reward, terminated, truncated
+
+
+@envs_ids
+def test_physics_matches_gymnasium_over_the_state_space(env_id):
+    """One step from each of 2000 states spread uniformly over STATE_BOX, with random actions, in float64: the
+    same formulas as gymnasium's, bounds, walls and terminations included."""
+    physics = load_script(BASE).ENVS[env_id]
+    low, high = (torch.tensor(bound, dtype=torch.float64) for bound in STATE_BOX[env_id])
+    torch.manual_seed(0)
+    state = low + (high - low) * torch.rand(2000, len(low), dtype=torch.float64)
+    action = torch.randint(0, physics.n_act, (2000,))
+    ref = gym.make(env_id, disable_env_checker=True)
+    ref.reset(seed=0)
+    _, _, terminated, _ = check_physics_step(env_id, ref, state, action, torch.zeros(2000), FLOAT64_TOL)
+    assert 0 < terminated.float().mean() < 1
+
+
+@envs_ids
+def test_envs_match_gymnasium(env_id):
+    """8 envs, 400 steps each, from episodes already under way (some near the time limit), acting at random in
+    env 0 to as DRIVERS say in env 7: each step of the physics is gymnasium's (check_physics_step); Envs ends
+    episodes where gymnasium terminates or truncates them, resets them in the same step (an observation of a fresh
+    reset state, the step count and the return zeroed), and sums what ended as a hand-kept tally does."""
+    script = load_script(BASE)
+    physics = script.ENVS[env_id]
+    assert physics.max_episode_steps == gym.spec(env_id).max_episode_steps
+    ref = gym.make(env_id, disable_env_checker=True)
+    ref.reset(seed=0)
+    torch.manual_seed(0)
+    envs = script.Envs(env_id, NUM_ENVS, CPU)
+    elapsed = torch.randint(0, physics.max_episode_steps, (NUM_ENVS,), dtype=torch.int32)
+    envs.elapsed.copy_(elapsed)
+    episode_return, tally = torch.zeros(NUM_ENVS), torch.zeros(3)  # tally: episodes ended, returns, lengths
+    driven = torch.linspace(0, 1, NUM_ENVS)  # how often each env acts as DRIVERS says
+    terminations = truncations = 0
+    for t in range(400):
+        state = envs.state.clone()
+        random_action = torch.randint(0, physics.n_act, (NUM_ENVS,))
+        action = torch.where(torch.rand(NUM_ENVS) < driven, DRIVERS[env_id](state), random_action)
+        next_obs, gym_reward, terminated, truncated = check_physics_step(env_id, ref, state, action, elapsed)
+        obs, reward, done = envs.step(action)
+        assert torch.equal(done, terminated | truncated) and torch.equal(reward, gym_reward)
+        assert torch.equal(obs, envs.observe())
+        assert torch.equal(obs[~done], next_obs[~done])
+        assert_reset_states(env_id, envs.state[done])
+        elapsed += 1
+        episode_return += gym_reward
+        tally += torch.stack((done.float(), episode_return, elapsed.float()))[:, done].sum(1)
+        elapsed[done], episode_return[done] = 0, 0.0
+        assert torch.equal(envs.elapsed, elapsed) and torch.equal(envs.episode_return, episode_return)
+        if t % 50 == 49:
+            assert torch.equal(envs.ended_episodes(), tally)
+            tally.zero_()
+        terminations += int(terminated.sum())
+        truncations += int((truncated & ~terminated).sum())
+    # Seen: CartPole 38 and 5, Acrobot 16 and 4, MountainCar 8 and 11.
+    assert terminations >= 5 and truncations >= 3, (terminations, truncations)
+
+
+@envs_ids
+def test_reset_distribution(env_id):
+    """Reset states are uniform over gymnasium's bounds: within them, spread over them, centred; gymnasium's own
+    resets keep to the same bounds. A new Envs starts in reset states, at step 0 of its episodes."""
+    physics = load_script(BASE).ENVS[env_id]
+    torch.manual_seed(0)
+    states = physics.initial(torch.rand(10000, physics.n_noise))
+    assert_reset_states(env_id, states)
+    low, high = (torch.tensor(bound) for bound in RESET_BOUNDS[env_id])
+    width = (high - low).max()
+    torch.testing.assert_close(states.amin(0), low, atol=0.01 * width, rtol=0)
+    torch.testing.assert_close(states.amax(0), high, atol=0.01 * width, rtol=0)
+    torch.testing.assert_close(states.mean(0), (low + high) / 2, atol=0.02 * width, rtol=0)
+    ref = gym.make(env_id, disable_env_checker=True)
+    gym_states = []
+    for seed in range(1000):
+        ref.reset(seed=seed)
+        gym_states.append(torch.tensor(ref.unwrapped.state, dtype=torch.float64))
+    gym_states = torch.stack(gym_states)
+    assert_reset_states(env_id, gym_states)
+    torch.testing.assert_close(gym_states.amin(0), low.double(), atol=0.02 * width, rtol=0)
+    torch.testing.assert_close(gym_states.amax(0), high.double(), atol=0.02 * width, rtol=0)
+    envs = load_script(BASE).Envs(env_id, 1000, CPU)
+    assert_reset_states(env_id, envs.state)
+    assert not envs.elapsed.any() and not envs.episode_return.any() and not envs.ended_episodes().any()
+
+
+def test_env_code_is_the_same_in_both_scripts():
+    """The envs these tests check in the baseline are the twin's, word for word."""
+
+    def parts(name):
+        source = (SCRIPTS / f"{name}.py").read_text()
+        nodes = [node for node in ast.parse(source).body if isinstance(node, (ast.ClassDef, ast.Assign))]
+        names = [node.name if isinstance(node, ast.ClassDef) else ast.unparse(node.targets[0]) for node in nodes]
+        return {name: ast.get_source_segment(source, node) for name, node in zip(names, nodes)}
+
+    base, fast = parts(BASE), parts(FAST)
+    for name in ENV_CODE:
+        assert name in base and fast.get(name) == base[name], f"{name} differs between {BASE} and {FAST}"
+    assert set(load_script(BASE).ENVS) == set(ENV_IDS)
+
+
+# ---- the scripts' runs
+
+
+def check_record(record, env_id):
+    assert_steady(record, total(env_id))
+    low, high = RETURNS[env_id]
+    assert record["episodic_return"] is not None and low <= record["episodic_return"] <= high
+    assert_return_curve(record)
+
+
+@envs_ids
+def test_baseline_iterations(env_id, capsys):
+    record = run_main(BASE, tiny(env_id), capsys)
+    assert record["compile"] is False and record["cudagraphs"] is False
+    check_record(record, env_id)
+
+
+@envs_ids
+@pytest.mark.parametrize("mode", MODES, ids=mode_id)
+@pytest.mark.usefixtures("eager_random")  # as in the equivalence tests, which then reuse these graphs
+def test_compiled_iterations(env_id, mode, capsys):
+    check_record(run_mode(FAST, tiny(env_id), mode, capsys), env_id)
+
+
+@pytest.mark.parametrize("name", [BASE, FAST])
+@pytest.mark.parametrize("target_kl, epochs", [(None, 2), ("1e-12", 1)], ids=["no-target-kl", "target-kl"])
+def test_target_kl_stops_epochs(name, target_kl, epochs, monkeypatch, capsys):
+    """Two epochs asked for; a --target-kl that any update exceeds stops each iteration after the first."""
+    script = load_script(name)
+    calls = []
+
+    def make_update_fns(agent, args, make=script.make_update_fns):
+        gae, update, *others = make(agent, args)
+
+        def counting_update(*minibatch):
+            calls.append(len(minibatch[0]))
+            return update(*minibatch)
+
+        return gae, counting_update, *others
+
+    monkeypatch.setattr(script, "make_update_fns", make_update_fns)
+    argv = tiny("CartPole-v1") + ["--update-epochs", "2", "--no-tensorboard"]
+    run_main(name, argv + (["--target-kl", target_kl] if target_kl else []), capsys)
+    assert calls == [MINIBATCH] * (epochs * total("CartPole-v1") // MINIBATCH)
+
+
+@pytest.mark.parametrize("name", [BASE, FAST])
+def test_anneal_lr(name, monkeypatch, capsys):
+    """The learning rate falls linearly from --learning-rate towards zero, once per iteration, and TensorBoard gets
+    it, with every statistic of the iteration's last update and the mean return of the episodes that ended; with
+    --no-anneal-lr it stays."""
+    script = load_script(name)
+    rates = []
+    set_learning_rate = script.Agent.set_learning_rate
+
+    def recording(agent, lr):
+        rates.append(lr)
+        set_learning_rate(agent, lr)
+
+    monkeypatch.setattr(script.Agent, "set_learning_rate", recording)
+    run_main(name, tiny("CartPole-v1") + ["--learning-rate", "0.003"], capsys)
+    assert rates == pytest.approx([0.003 * (1 - i / ITERATIONS) for i in range(ITERATIONS)])
+    scalars = tensorboard_scalars(name, "CartPole-v1")
+    iteration_ends = [(i + 1) * NUM_ENVS * NUM_STEPS["CartPole-v1"] for i in range(ITERATIONS)]
+    assert scalars["charts/learning_rate"] == [(step, pytest.approx(lr)) for step, lr in zip(iteration_ends, rates)]
+    for stat in (*script.STATS, "explained_variance"):
+        steps, values = zip(*scalars[f"losses/{stat}"])
+        assert list(steps) == iteration_ends and np.isfinite(values).all(), stat
+    # CartPole's random episodes end in every rollout: one mean return and length per iteration.
+    for key, (low, high) in {"episodic_return": (1, 500), "episodic_length": (1, 500)}.items():
+        steps, values = zip(*scalars[f"charts/{key}"])
+        assert list(steps) == iteration_ends and all(low <= v <= high for v in values), key
+    rates.clear()
+    run_main(name, tiny("CartPole-v1") + ["--no-anneal-lr", "--no-tensorboard"], capsys)
+    assert rates == []
+
+
+@pytest.mark.parametrize(
+    "name, phases, steps_per_call",
+    # The baseline steps every env in each env_step call; the twin's collect (policy included) takes a rollout.
+    [(BASE, PHASES, NUM_ENVS), (FAST, tuple(p for p in PHASES if p != "policy"), NUM_ENVS * NUM_STEPS["CartPole-v1"])],
+    ids=[BASE, FAST],
+)
+def test_profile_dir(name, phases, steps_per_call, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(helpers, "PHASES", phases)
+    record = run_main(name, tiny("CartPole-v1") + ["--profile-dir", str(tmp_path / "profile")], capsys)
+    assert_steady(record, total("CartPole-v1"))
+    assert_trace_phases(tmp_path / "profile", name, env_steps_per_call=steps_per_call)
+
+
+@pytest.mark.parametrize("name", [BASE, FAST])
+def test_ctrl_c_ends_with_the_record(name, capsys, monkeypatch):
+    """Ctrl-C after the first rollout: the record covers its env steps and says it was cut short."""
+    at_step = NUM_ENVS * NUM_STEPS["CartPole-v1"]
+    run_interrupted(name, tiny("CartPole-v1") + ["--no-tensorboard"], at_step, capsys, monkeypatch)
+
+
+@pytest.mark.parametrize("name", [BASE, FAST])
+def test_learns_cartpole(name, capsys):
+    """120k steps take CartPole's return from about 22 (random policy) to about 480 (500 is the most) on this CPU,
+    in either script; a broken update stays at or below the random return (the policy loss with its sign
+    flipped: about 9; without the policy loss: about 22)."""
+    record = run_main(name, ["--num-envs", "16", "--num-steps", "64", "--learning-rate", "2.5e-3",
+                             "--total-timesteps", "120000", "--no-tensorboard"], capsys)  # fmt: skip
+    assert record["episodic_return"] > 400
+    assert_return_curve(record)
+
+
+# ---- equivalence of the twin with the baseline
+
+
+def first_rollout(name, argv, capsys, monkeypatch):
+    """One iteration of a script: its rollout storage, and GAE's inputs and outputs."""
+    script = load_script(name)
+    seen = {}
+
+    class Recording(script.Rollout):
+        def __init__(self, *args):
+            super().__init__(*args)
+            seen["rollout"] = self
+
+    def make_update_fns(agent, args, make=script.make_update_fns):
+        gae, *others = make(agent, args)
+
+        def recording_gae(*inputs):
+            seen["gae"] = [x.clone() for x in inputs] + list(gae(*inputs))
+            return seen["gae"][-2:]
+
+        return recording_gae, *others
+
+    monkeypatch.setattr(script, "Rollout", Recording)
+    monkeypatch.setattr(script, "make_update_fns", make_update_fns)
+    run_main(name, argv + ["--no-tensorboard"], capsys)
+    return seen["rollout"], seen["gae"]
+
+
+@envs_ids
+@pytest.mark.parametrize("mode", [[], ["--compile"]], ids=mode_id)
+@pytest.mark.usefixtures("eager_random")
+def test_first_rollout_is_the_same(env_id, mode, capsys, monkeypatch):
+    """With one seed, the first rollouts of both scripts agree slot by slot (observations, actions,
+    log-probabilities, values, rewards, done flags), and so do GAE's inputs and outputs: the same parameters and
+    the same random stream, drawn in the same order by the policy and the envs' resets."""
+    argv = tiny(env_id, iterations=1)
+    rollout_b, gae_b = first_rollout(BASE, argv, capsys, monkeypatch)
+    rollout_f, gae_f = first_rollout(FAST, argv + mode, capsys, monkeypatch)
+    for key in ("obs", "dones"):
+        torch.testing.assert_close(getattr(rollout_f, key)[:-1], getattr(rollout_b, key))
+    for key in ("actions", "logprobs", "values", "rewards"):
+        torch.testing.assert_close(getattr(rollout_f, key), getattr(rollout_b, key))
+    for x_f, x_b in zip(gae_f, gae_b, strict=True):
+        torch.testing.assert_close(x_f, x_b)
+    assert rollout_b.actions.unique().numel() == load_script(BASE).ENVS[env_id].n_act
+    if env_id == "CartPole-v1":  # random CartPole episodes last about 20 steps: some end within this rollout
+        assert rollout_b.dones.any()
+
+
+def make_pair(compile, cudagraphs, device, **kwargs):
+    """A baseline agent and a compiled-variant agent with identical parameters, and their functions."""
+    base, fast = load_script(BASE), load_script(FAST)
+    device = torch.device(device)
+    args_b = base.Args(**kwargs)
+    args_f = fast.Args(compile=compile, cudagraphs=cudagraphs, **kwargs)
+    torch.manual_seed(0)
+    agent_b = base.Agent(args_b, N_OBS, N_ACT, device)
+    agent_f = fast.Agent(args_f, N_OBS, N_ACT, device)
+    agent_f.net.load_state_dict(agent_b.net.state_dict())
+    return (agent_b, base.make_update_fns(agent_b, args_b)), (agent_f, fast.make_update_fns(agent_f, args_f))
+
+
+def check_gae(compile, cudagraphs, device, num_steps, num_envs, calls=1):
+    """Same rewards, values, dones and next observation: the twin's doubling scan gives the baseline loop's
+    advantages and returns. Several calls with new data each, so that graph replays are covered."""
+    (_, (gae_b, _)), (_, (gae_f, *_)) = make_pair(compile, cudagraphs, device, num_steps=num_steps)
+    tol = 1e-5 if device == "cpu" else 1e-4  # GPU kernels of compiled and eager code round differently
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(calls):
+        next_obs = torch.randn(num_envs, N_OBS, generator=gen)
+        rewards, values = torch.randn(2, num_steps, num_envs, generator=gen)
+        # Few dones, so that some sums run over dozens of steps: every round of the scan counts.
+        dones = (torch.rand(num_steps, num_envs, generator=gen) < 0.03).float()
+        dones[0, 0] = 1.0
+        next_done = (torch.arange(num_envs) == 1).float()
+        inputs = [x.to(device) for x in (next_obs, next_done, rewards, values, dones)]
+        expected = gae_b(*inputs)
+        for out, ref in zip(gae_f(*inputs), expected):
+            torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
+    advantages = expected[0].cpu()
+    # The dones cut the sums: the last advantage of an env whose next observation starts an episode is its delta.
+    torch.testing.assert_close(advantages[-1, 1], (rewards[-1, 1] - values[-1, 1]).cpu())
+
+
+@pytest.mark.parametrize("num_steps", [1, 2, 37, 64, 100])
+def test_gae_equivalence(num_steps):
+    check_gae(compile=False, cudagraphs=False, device="cpu", num_steps=num_steps, num_envs=3)
+
+
+@pytest.mark.usefixtures("eager_random")
+def test_gae_equivalence_compiled():
+    check_gae(compile=True, cudagraphs=False, device="cpu", num_steps=NUM_STEPS["CartPole-v1"], num_envs=NUM_ENVS)
+
+
+def check_update(compile, cudagraphs, device, updates=4, **kwargs):
+    """Same parameters and minibatches: each update gives the same statistics and parameters in both scripts,
+    with the learning rate changed between updates (annealing), over several updates so that the optimizer state
+    and graph replays are covered. The compiled variant's update writes its statistics into the same fixed
+    tensors each time. Its acting policy (compiled and captured only within collect) then sees the trained weights
+    without recording an autograd graph: its action is the baseline's draw for draw, and so are its
+    log-probability and value."""
+    (agent_b, (_, update_b)), (agent_f, (_, update_f, policy_f, stats_f)) = make_pair(
+        compile, cudagraphs, device, learning_rate=1e-2, **kwargs
+    )
+    stats_names = load_script(BASE).STATS
+    assert load_script(FAST).STATS == stats_names and list(stats_f) == list(stats_names)
+    fixed = [value.data_ptr() for value in stats_f.values()]
+    tol = 1e-5 if device == "cpu" else 1e-3  # GPU kernels of compiled and eager code round differently
+    initial = [p.detach().clone() for p in agent_f.net.parameters()]
+    gen = torch.Generator().manual_seed(1)
+    for i in range(updates):
+        obs = torch.randn(MINIBATCH, N_OBS, generator=gen).to(device)
+        actions = torch.randint(0, N_ACT, (MINIBATCH,), generator=gen).to(device)
+        with torch.no_grad():
+            _, logprobs, _, values = agent_b.net.get_action_and_value(obs, actions)
+        # Old log-probabilities off by up to 0.3 and old values by up to 0.5, so that some ratios and values are
+        # clipped.
+        logprobs = logprobs + (torch.rand(MINIBATCH, generator=gen).to(device) - 0.5) * 0.6
+        values = values.flatten() + (torch.rand(MINIBATCH, generator=gen).to(device) - 0.5)
+        advantages, returns = torch.randn(2, MINIBATCH, generator=gen).to(device)
+        minibatch = (obs, actions, logprobs, advantages, returns, values)
+        for agent in (agent_b, agent_f):
+            agent.set_learning_rate(1e-2 / (i + 1))
+        stats_b = update_b(*minibatch)
+        assert update_f(*minibatch) is None and list(stats_b) == list(stats_names)
+        for name in stats_names:
+            torch.testing.assert_close(stats_f[name], stats_b[name], atol=tol, rtol=tol, msg=name)
+        for p0, (name, p_b), p_f in zip(initial, agent_b.net.named_parameters(), agent_f.net.parameters()):
+            assert_same_update(p0, p_b.detach(), p_f.detach(), name=name)
+    assert 0 < stats_b["clipfrac"] < 1
+    assert [value.data_ptr() for value in stats_f.values()] == fixed
+    assert all(not torch.equal(p0, p) for p0, p in zip(initial, agent_f.net.parameters()))
+    torch.manual_seed(5)
+    with torch.no_grad():
+        expected = agent_b.net.get_action_and_value(obs)
+    torch.manual_seed(5)
+    action, logprob, value = policy_f(obs)
+    assert not any(x.requires_grad for x in (action, logprob, value)), "the policy acts without autograd"
+    torch.testing.assert_close(action, expected[0])
+    torch.testing.assert_close(logprob, expected[1], atol=tol, rtol=tol)
+    torch.testing.assert_close(value, expected[3].flatten(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"norm_adv": False, "clip_vloss": False, "ent_coef": 0.0}], ids=["defaults", "options"]
+)
+def test_update_equivalence(kwargs):
+    check_update(compile=False, cudagraphs=False, device="cpu", **kwargs)
+
+
+@pytest.mark.usefixtures("eager_random")
+def test_update_equivalence_compiled():
+    check_update(compile=True, cudagraphs=False, device="cpu")
+
+
+@requires_cuda
+@pytest.mark.parametrize("compile", [False, True], ids=["cudagraphs", "compile+cudagraphs"])
+@pytest.mark.usefixtures("eager_random")
+def test_equivalence_cuda(compile):
+    check_gae(compile, cudagraphs=True, device="cuda", num_steps=128, num_envs=64, calls=4)
+    check_update(compile, cudagraphs=True, device="cuda", updates=5)
+
+
+# ---- bad input
+
+BAD_INPUT = [
+    (["--env-id", "Pendulum-v1"], ["Pendulum-v1", "CartPole-v1, Acrobot-v1, MountainCar-v0"]),
+    (["--num-envs", "0"], ["--num-envs 0 must be positive"]),
+    (["--num-steps", "-1"], ["--num-steps -1 must be positive"]),
+    (["--num-minibatches", "0"], ["--num-minibatches 0 must be positive"]),
+    (["--update-epochs", "0"], ["--update-epochs 0 must be positive"]),
+    (["--total-timesteps", "0"], ["--total-timesteps 0 must be positive"]),
+    # Values the user did not pass are named as defaults.
+    (["--num-steps", "100", "--num-minibatches", "32"],
+     ["--num-envs 4 (the default) * --num-steps 100 = 400", "--num-minibatches 32"]),
+    (["--num-envs", "2", "--num-steps", "4", "--num-minibatches", "8"], ["--num-minibatches 8 ", "--norm-adv"]),
+    (["--total-timesteps", "500"], ["--total-timesteps 500 ", "(the default) = 512"]),
+    (["--gamma", "1.5"], ["--gamma 1.5 must be in [0, 1]"]),
+    (["--target-kl", "-0.1"], ["--target-kl", "-0.1"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", [BASE, FAST])
+@pytest.mark.parametrize("argv, fragments", BAD_INPUT, ids=[" ".join(argv) for argv, _ in BAD_INPUT])
+def test_bad_input(name, argv, fragments, capsys):
+    assert_one_line_error(run_bad_input(name, argv, capsys), *fragments)
+
+
+@pytest.mark.parametrize("name", [BASE, FAST])
+def test_bad_input_cli(name):
+    """As a user sees it: exit code 2 and one line, no traceback."""
+    assert_one_line_error(run_cli(name, "--env-id", "Pendulum-v1"), "CartPole-v1, Acrobot-v1, MountainCar-v0")
+
+
+def test_cudagraphs_without_cuda_warns_once():
+    assert_cudagraphs_fallback(FAST, *tiny("CartPole-v1"))
