@@ -192,3 +192,28 @@ def run_interrupted(name, argv, at_step, capsys, monkeypatch):
     assert record["total_timesteps"] == at_step and record["steady"] is False
     assert f"interrupted after {at_step} env steps" in err
     return record
+
+
+def first_rollout(name, argv, capsys, monkeypatch):
+    """One iteration of a PPO script run with argv: its rollout storage, and GAE's inputs and outputs."""
+    script = load_script(name)
+    seen = {}
+
+    class Recording(script.Rollout):
+        def __init__(self, *args):
+            super().__init__(*args)
+            seen["rollout"] = self
+
+    def make_update_fns(agent, args, make=script.make_update_fns):
+        gae, *others = make(agent, args)
+
+        def recording_gae(*inputs):
+            seen["gae"] = [x.clone() for x in inputs] + list(gae(*inputs))
+            return seen["gae"][-2:]
+
+        return recording_gae, *others
+
+    monkeypatch.setattr(script, "Rollout", Recording)
+    monkeypatch.setattr(script, "make_update_fns", make_update_fns)
+    run_main(name, argv, capsys)
+    return seen["rollout"], seen["gae"]

@@ -5,6 +5,7 @@ hand-built trace; and bad input."""
 
 import importlib.util
 import json
+import os
 
 import numpy as np
 import pytest
@@ -46,6 +47,11 @@ def expected_skips():
     for backend in ("envpool", "jax"):
         if not importable(backend):
             skips[backend] = f"import {backend}"
+    # The Triton kernel runs on the CPU only under Triton's interpreter, which this process had to start with.
+    if not importable("triton"):
+        skips["torch-fused"] = "needs Triton"
+    elif os.environ.get("TRITON_INTERPRET") != "1":
+        skips["torch-fused"] = "set TRITON_INTERPRET=1"
     return skips
 
 

@@ -21,6 +21,7 @@ from helpers import (
     assert_same_update,
     assert_steady,
     assert_trace_phases,
+    first_rollout,
     load_script,
     mode_id,
     requires_cuda,
@@ -83,8 +84,7 @@ DRIVERS = {
 # most 1e-6 seen, in Acrobot, whose RK4 step sums dozens of terms). 1e-5 is well above that and far below what a
 # change in the physics does (a constant off by 1% moves a step's result by 1e-4 or more).
 FLOAT32_TOL = 1e-5
-# Our physics run in float64 gives gymnasium's numbers up to float64 rounding (1e-14 seen; MountainCar's force
-# enters as a float32 constant: 5e-11).
+# Our physics run in float64 gives gymnasium's numbers up to float64 rounding (1e-14 seen).
 FLOAT64_TOL = 1e-9
 # The states episodes live in, velocity bounds and MountainCar's walls included, which trajectories seldom reach.
 # At Acrobot's highest velocities float32 rounding alone reaches 3e-4: this box is checked in float64.
@@ -343,31 +343,6 @@ def test_learns_cartpole(name, capsys):
 # ---- equivalence of the twin with the baseline
 
 
-def first_rollout(name, argv, capsys, monkeypatch):
-    """One iteration of a script: its rollout storage, and GAE's inputs and outputs."""
-    script = load_script(name)
-    seen = {}
-
-    class Recording(script.Rollout):
-        def __init__(self, *args):
-            super().__init__(*args)
-            seen["rollout"] = self
-
-    def make_update_fns(agent, args, make=script.make_update_fns):
-        gae, *others = make(agent, args)
-
-        def recording_gae(*inputs):
-            seen["gae"] = [x.clone() for x in inputs] + list(gae(*inputs))
-            return seen["gae"][-2:]
-
-        return recording_gae, *others
-
-    monkeypatch.setattr(script, "Rollout", Recording)
-    monkeypatch.setattr(script, "make_update_fns", make_update_fns)
-    run_main(name, argv + ["--no-tensorboard"], capsys)
-    return seen["rollout"], seen["gae"]
-
-
 @envs_ids
 @pytest.mark.parametrize("mode", [[], ["--compile"]], ids=mode_id)
 @pytest.mark.usefixtures("eager_random")
@@ -376,8 +351,8 @@ def test_first_rollout_is_the_same(env_id, mode, capsys, monkeypatch):
     log-probabilities, values, rewards, done flags), and so do GAE's inputs and outputs: the same parameters and
     the same random stream, drawn in the same order by the policy and the envs' resets."""
     argv = tiny(env_id, iterations=1)
-    rollout_b, gae_b = first_rollout(BASE, argv, capsys, monkeypatch)
-    rollout_f, gae_f = first_rollout(FAST, argv + mode, capsys, monkeypatch)
+    rollout_b, gae_b = first_rollout(BASE, argv + ["--no-tensorboard"], capsys, monkeypatch)
+    rollout_f, gae_f = first_rollout(FAST, argv + mode + ["--no-tensorboard"], capsys, monkeypatch)
     for key in ("obs", "dones"):
         torch.testing.assert_close(getattr(rollout_f, key)[:-1], getattr(rollout_b, key))
     for key in ("actions", "logprobs", "values", "rewards"):

@@ -13,6 +13,7 @@ from helpers import (
     assert_same_update,
     assert_steady,
     assert_trace_phases,
+    first_rollout,
     load_script,
     mode_id,
     requires_cuda,
@@ -172,38 +173,17 @@ def test_env_stack_is_the_baseline_one():
         np.testing.assert_array_equal(rms_f.var, rms_b.var)
 
 
-def first_rollout(name, monkeypatch, capsys):
-    """One iteration of a script, with a truncation inside: its rollout storage, and GAE's inputs and outputs."""
-    script = load_script(name)
-    seen = {}
-
-    class Recording(script.Rollout):
-        def __init__(self, *args):
-            super().__init__(*args)
-            seen["rollout"] = self
-
-    def make_update_fns(agent, args, make=script.make_update_fns):
-        gae, *others = make(agent, args)
-
-        def recording_gae(*inputs):
-            seen["gae"] = [x.clone() for x in inputs] + list(gae(*inputs))
-            return seen["gae"][-2:]
-
-        return recording_gae, *others
-
-    monkeypatch.setattr(script, "Rollout", Recording)
-    monkeypatch.setattr(script, "make_update_fns", make_update_fns)
-    run_main(name, ["--env-id", "Pendulum-v1", "--num-envs", "2", "--num-steps", "250", "--num-minibatches", "2",
-                    "--update-epochs", "1", "--total-timesteps", "500"], capsys)  # fmt: skip
-    return seen["rollout"], seen["gae"]
+# One iteration with a truncation inside.
+FIRST_ROLLOUT = ["--env-id", "Pendulum-v1", "--num-envs", "2", "--num-steps", "250", "--num-minibatches", "2",
+                 "--update-epochs", "1", "--total-timesteps", "500"]  # fmt: skip
 
 
 def test_first_rollout_is_the_same(monkeypatch, capsys):
     """With one seed, the first rollouts of both scripts agree slot by slot (observations, actions,
     log-probabilities, values, rewards with the truncation bootstrap, done flags), and so do GAE's inputs and
     outputs: this checks the compiled variant's storage and staging against the baseline's plain loop."""
-    rollout_b, gae_b = first_rollout(BASE, monkeypatch, capsys)
-    rollout_f, gae_f = first_rollout(FAST, monkeypatch, capsys)
+    rollout_b, gae_b = first_rollout(BASE, FIRST_ROLLOUT, capsys, monkeypatch)
+    rollout_f, gae_f = first_rollout(FAST, FIRST_ROLLOUT, capsys, monkeypatch)
     for key in ("obs", "dones"):
         torch.testing.assert_close(getattr(rollout_f, key)[:-1], getattr(rollout_b, key))
     for key in ("actions", "logprobs", "values", "rewards"):
