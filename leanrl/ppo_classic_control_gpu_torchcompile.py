@@ -1,6 +1,7 @@
 # PPO for discrete actions, as CleanRL defines it (ppo.py), on classic-control environments that live on the GPU as
 # batched torch tensors, made fast: the whole rollout (policy, env step, auto-reset, storage) one compiled function
-# captured as one CUDA graph, GAE as a parallel scan, a tensor learning rate annealed in place, the update captured.
+# captured as one CUDA graph, GAE as a parallel scan, a tensor learning rate annealed in place, the update captured;
+# with --fused-rollout the rollout is one Triton kernel instead.
 # Docs: docs/gpu_collection.md
 import json
 import logging
@@ -28,6 +29,12 @@ import tyro
 from tensordict.nn import CudaGraphModule
 from torch.distributions.categorical import Categorical
 from torch.profiler import ProfilerActivity, profile, record_function
+
+try:  # torch's CUDA build brings Triton, its CPU build does not: only --fused-rollout needs it
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = None
 
 
 @dataclass
@@ -88,6 +95,8 @@ class Args:
     """compile the rollout step, GAE and the update with torch.compile"""
     cudagraphs: bool = False
     """capture the rollout, GAE and the update as CUDA graphs (tensordict's CudaGraphModule)"""
+    fused_rollout: bool = False
+    """run the whole rollout (policy, sampling, env step, auto-reset, storage) as one Triton kernel per iteration"""
 
 
 # Iterations that count as warm-up: the fps window starts after them (the twin captures its rollout at the third).
@@ -514,6 +523,272 @@ def make_collect(policy, envs, rollout, args):
     return collect
 
 
+# ---- --fused-rollout: the whole rollout as one Triton kernel (docs/gpu_collection.md, "The fused rollout")
+
+# tl.dot's smallest size: the observations and the logits are padded to this many columns.
+FUSED_PAD = 16
+
+
+def fused_rollout_unavailable(cuda):
+    """Why --fused-rollout cannot run here (an error line), or None. Triton chooses between compiling a kernel and
+    interpreting it when the kernel is defined, at import, from TRITON_INTERPRET."""
+    if triton is None:
+        return "--fused-rollout needs Triton, which torch's CUDA build brings; install it: pip install triton"
+    if not cuda and isinstance(fused_rollout_kernel, triton.runtime.JITFunction):
+        return (
+            "--fused-rollout runs a Triton kernel, which needs CUDA; on the CPU only Triton's interpreter runs it "
+            "(slowly): set TRITON_INTERPRET=1 before starting"
+        )
+    return None
+
+
+if triton is not None:  # the kernel and its parts, written as the torch code above, operation for operation, the
+    # constants as literals (a kernel reads no Python globals)
+
+    @triton.jit
+    def tanh(x):
+        # Through exp: tl.math has no tanh, and Triton's interpreter (the CPU tests) cannot run libdevice's.
+        return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+    @triton.jit
+    def cartpole_step(x, x_dot, theta, theta_dot, action):
+        force = tl.where(action == 1, 10.0, -10.0)
+        costheta, sintheta = tl.cos(theta), tl.sin(theta)
+        temp = (force + 0.05 * (theta_dot * theta_dot) * sintheta) / 1.1
+        thetaacc = (9.8 * sintheta - costheta * temp) / (0.5 * (4.0 / 3.0 - 0.1 * (costheta * costheta) / 1.1))
+        xacc = temp - 0.05 * thetaacc * costheta / 1.1
+        x, x_dot = x + 0.02 * x_dot, x_dot + 0.02 * xacc
+        theta, theta_dot = theta + 0.02 * theta_dot, theta_dot + 0.02 * thetaacc
+        terminated = (tl.abs(x) > 2.4) | (tl.abs(theta) > 12 * 2 * 3.141592653589793 / 360)
+        return x, x_dot, theta, theta_dot, tl.zeros_like(x) + 1.0, terminated
+
+    @triton.jit
+    def acrobot_derivatives(theta1, theta2, dtheta1, dtheta2, torque):
+        # Acrobot.derivatives with its constants (m1 = m2 = l1 = moi = 1, lc1 = lc2 = 0.5, g = 9.8) folded as
+        # Python folds them there.
+        d1 = 0.25 + (1.25 + tl.cos(theta2)) + 2.0
+        d2 = (0.25 + 0.5 * tl.cos(theta2)) + 1.0
+        phi2 = 4.9 * tl.cos(theta1 + theta2 - 3.141592653589793 / 2.0)
+        phi1 = (
+            -0.5 * (dtheta2 * dtheta2) * tl.sin(theta2)
+            - 1.0 * dtheta2 * dtheta1 * tl.sin(theta2)
+            + 14.700000000000001 * tl.cos(theta1 - 3.141592653589793 / 2)
+            + phi2
+        )
+        ddtheta2 = (torque + d2 / d1 * phi1 - 0.5 * (dtheta1 * dtheta1) * tl.sin(theta2) - phi2) / (
+            1.25 - (d2 * d2) / d1
+        )
+        ddtheta1 = -(d2 * ddtheta2 + phi1) / d1
+        return dtheta1, dtheta2, ddtheta1, ddtheta2
+
+    @triton.jit
+    def wrap(angle):
+        turns = tl.where(angle > 3.141592653589793, tl.ceil((angle - 3.141592653589793) / 6.283185307179586), 0.0)
+        turns = tl.where(
+            angle < -3.141592653589793, -tl.ceil((-3.141592653589793 - angle) / 6.283185307179586), turns
+        )
+        return angle - turns * 6.283185307179586
+
+    @triton.jit
+    def clamp(x, bound):
+        return tl.minimum(tl.maximum(x, -bound), bound)
+
+    @triton.jit
+    def acrobot_step(t1, t2, v1, v2, action):
+        torque = (action - 1).to(tl.float32)
+        a1, b1, c1, d1 = acrobot_derivatives(t1, t2, v1, v2, torque)
+        a2, b2, c2, d2 = acrobot_derivatives(t1 + 0.1 * a1, t2 + 0.1 * b1, v1 + 0.1 * c1, v2 + 0.1 * d1, torque)
+        a3, b3, c3, d3 = acrobot_derivatives(t1 + 0.1 * a2, t2 + 0.1 * b2, v1 + 0.1 * c2, v2 + 0.1 * d2, torque)
+        a4, b4, c4, d4 = acrobot_derivatives(t1 + 0.2 * a3, t2 + 0.2 * b3, v1 + 0.2 * c3, v2 + 0.2 * d3, torque)
+        t1 = wrap(t1 + 0.2 / 6 * (a1 + 2 * a2 + 2 * a3 + a4))
+        t2 = wrap(t2 + 0.2 / 6 * (b1 + 2 * b2 + 2 * b3 + b4))
+        v1 = clamp(v1 + 0.2 / 6 * (c1 + 2 * c2 + 2 * c3 + c4), 4 * 3.141592653589793)
+        v2 = clamp(v2 + 0.2 / 6 * (d1 + 2 * d2 + 2 * d3 + d4), 9 * 3.141592653589793)
+        terminated = -tl.cos(t1) - tl.cos(t2 + t1) > 1.0
+        return t1, t2, v1, v2, tl.where(terminated, 0.0, -1.0), terminated
+
+    @triton.jit
+    def mountaincar_step(position, velocity, action):
+        velocity = velocity + (action - 1).to(tl.float32) * 0.001 + tl.cos(3 * position) * (-0.0025)
+        velocity = clamp(velocity, 0.07)
+        position = tl.minimum(tl.maximum(position + velocity, -1.2), 0.6)
+        velocity = tl.where((position == -1.2) & (velocity < 0), 0.0, velocity)
+        terminated = (position >= 0.5) & (velocity >= 0)
+        return position, velocity, tl.zeros_like(position) - 1.0, terminated
+
+    @triton.jit
+    def env_step(ENV: tl.constexpr, s0, s1, s2, s3, action):
+        """The physics of ENVS' env number ENV, on a state held as one vector per component (up to four)."""
+        if ENV == 0:
+            s0, s1, s2, s3, reward, terminated = cartpole_step(s0, s1, s2, s3, action)
+        elif ENV == 1:
+            s0, s1, s2, s3, reward, terminated = acrobot_step(s0, s1, s2, s3, action)
+        else:
+            s0, s1, reward, terminated = mountaincar_step(s0, s1, action)
+        return s0, s1, s2, s3, reward, terminated
+
+    @triton.jit
+    def env_initial(ENV: tl.constexpr, u0, u1, u2, u3):
+        """The env's initial(noise): a reset state from uniform numbers."""
+        if ENV == 0:
+            s0, s1, s2, s3 = u0 * 0.1 - 0.05, u1 * 0.1 - 0.05, u2 * 0.1 - 0.05, u3 * 0.1 - 0.05
+        elif ENV == 1:
+            s0, s1, s2, s3 = u0 * 0.2 - 0.1, u1 * 0.2 - 0.1, u2 * 0.2 - 0.1, u3 * 0.2 - 0.1
+        else:
+            s0, s1, s2, s3 = u0 * 0.2 - 0.6, tl.zeros_like(u0), tl.zeros_like(u0), tl.zeros_like(u0)
+        return s0, s1, s2, s3
+
+    @triton.jit
+    def env_observe(ENV: tl.constexpr, s0, s1, s2, s3, col):
+        """The env's observe(state), as a tile of observations by `col`, zero in the padding."""
+        if ENV == 1:
+            o0, o1, o2, o3, o4, o5 = tl.cos(s0), tl.sin(s0), tl.cos(s1), tl.sin(s1), s2, s3
+        else:
+            o0, o1, o2, o3, o4, o5 = s0, s1, s2, s3, tl.zeros_like(s0), tl.zeros_like(s0)  # unused ones are zero
+        obs = tl.where(col == 0, o0[:, None], 0.0)
+        obs = tl.where(col == 1, o1[:, None], obs)
+        obs = tl.where(col == 2, o2[:, None], obs)
+        obs = tl.where(col == 3, o3[:, None], obs)
+        obs = tl.where(col == 4, o4[:, None], obs)
+        return tl.where(col == 5, o5[:, None], obs)
+
+    @triton.jit
+    def uniform(uniforms_ptr, seed, offset, mask, GIVEN_UNIFORMS: tl.constexpr):
+        """Uniform numbers in [0, 1) for the draws numbered `offset`: the given ones, or Philox's of (seed, offset)."""
+        if GIVEN_UNIFORMS:
+            u = tl.load(uniforms_ptr + offset, mask=mask, other=0.5)
+        else:
+            # tl.rand rounds to 1.0 about once in 2^25 draws: kept below 1, as torch.rand's numbers are.
+            u = tl.minimum(tl.rand(seed, offset), 0.99999994)
+        return u
+
+    @triton.jit(do_not_specialize=["seed"])
+    def fused_rollout_kernel(
+        state_ptr, elapsed_ptr, episode_return_ptr, ended_ptr,  # Envs' tensors: read at the start, written at the end
+        w1_ptr, b1_ptr, w2_ptr, b2_ptr, w3_ptr, b3_ptr,  # the actor's three nn.Linear layers, weights [out, in]
+        obs_ptr, actions_ptr, logprobs_ptr, rewards_ptr, dones_ptr,  # the Rollout's tensors
+        uniforms_ptr, seed, num_envs, num_steps,
+        ENV: tl.constexpr, N_STATE: tl.constexpr, N_OBS: tl.constexpr, N_ACT: tl.constexpr,
+        N_NOISE: tl.constexpr, MAX_EPISODE_STEPS: tl.constexpr, HIDDEN: tl.constexpr, PAD: tl.constexpr,
+        BLOCK: tl.constexpr, GIVEN_UNIFORMS: tl.constexpr,
+    ):  # fmt: skip
+        """num_steps steps of BLOCK envs: make_collect's step(t) for each t, one program per block of envs."""
+        env = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        live = env < num_envs
+        col, hid = tl.arange(0, PAD), tl.arange(0, HIDDEN)
+        # The actor's weights, transposed and padded with zeros, loaded once for all steps.
+        w1 = tl.load(w1_ptr + hid[None, :] * N_OBS + col[:, None], mask=col[:, None] < N_OBS, other=0.0)
+        w2 = tl.load(w2_ptr + hid[None, :] * HIDDEN + hid[:, None])
+        w3 = tl.load(w3_ptr + col[None, :] * HIDDEN + hid[:, None], mask=col[None, :] < N_ACT, other=0.0)
+        b1, b2 = tl.load(b1_ptr + hid), tl.load(b2_ptr + hid)
+        b3 = tl.load(b3_ptr + col, mask=col < N_ACT, other=0.0)
+        # The envs in registers: the state one vector per component, the step counts, returns and episode sums.
+        s0 = tl.load(state_ptr + env * N_STATE, mask=live, other=0.0)
+        s1 = tl.load(state_ptr + env * N_STATE + 1, mask=live, other=0.0)
+        s2 = tl.load(state_ptr + env * N_STATE + 2, mask=live & (N_STATE > 2), other=0.0)
+        s3 = tl.load(state_ptr + env * N_STATE + 3, mask=live & (N_STATE > 3), other=0.0)
+        elapsed = tl.load(elapsed_ptr + env, mask=live, other=0)
+        episode_return = tl.load(episode_return_ptr + env, mask=live, other=0.0)
+        ended_count = tl.load(ended_ptr + env, mask=live, other=0.0)
+        ended_return = tl.load(ended_ptr + num_envs + env, mask=live, other=0.0)
+        ended_length = tl.load(ended_ptr + 2 * num_envs + env, mask=live, other=0.0)
+        obs = env_observe(ENV, s0, s1, s2, s3, col[None, :])
+        obs_mask = live[:, None] & (col[None, :] < N_OBS)
+        for t in range(num_steps):
+            # The policy: the actor's logits (fp32 products, as torch's), a Gumbel-max action, its log-probability.
+            h = tanh(tl.dot(obs, w1, input_precision="ieee") + b1[None, :])
+            h = tanh(tl.dot(h, w2, input_precision="ieee") + b2[None, :])
+            logits = tl.dot(h, w3, input_precision="ieee") + b3[None, :]
+            logits = tl.where(col[None, :] < N_ACT, logits, float("-inf"))
+            # Draws of step t: n_act for the action, then n_noise for the reset, per env (torch's order).
+            row = env.to(tl.int64) + t * num_envs  # row t of the trajectory, in int64 as the biggest ones need
+            draw = row * (N_ACT + N_NOISE)
+            u = uniform(uniforms_ptr, seed, draw[:, None] + col[None, :], live[:, None] & (col[None, :] < N_ACT),
+                        GIVEN_UNIFORMS)  # fmt: skip
+            action = tl.argmax(logits - tl.log(-tl.log(u)), axis=1)
+            top = tl.max(logits, axis=1)
+            logsumexp = top + tl.log(tl.sum(tl.exp(logits - top[:, None]), axis=1))
+            logprob = tl.sum(tl.where(col[None, :] == action[:, None], logits, 0.0), axis=1) - logsumexp
+            # The env step, the time limit and the same-step auto-reset, as Envs.step.
+            n0, n1, n2, n3, reward, terminated = env_step(ENV, s0, s1, s2, s3, action)
+            elapsed += 1
+            episode_return += reward
+            done = terminated | (elapsed >= MAX_EPISODE_STEPS)
+            noise = draw + N_ACT
+            u0 = uniform(uniforms_ptr, seed, noise, live, GIVEN_UNIFORMS)
+            u1 = uniform(uniforms_ptr, seed, noise + 1, live & (N_NOISE > 1), GIVEN_UNIFORMS)
+            u2 = uniform(uniforms_ptr, seed, noise + 2, live & (N_NOISE > 2), GIVEN_UNIFORMS)
+            u3 = uniform(uniforms_ptr, seed, noise + 3, live & (N_NOISE > 3), GIVEN_UNIFORMS)
+            f0, f1, f2, f3 = env_initial(ENV, u0, u1, u2, u3)
+            s0, s1 = tl.where(done, f0, n0), tl.where(done, f1, n1)
+            s2, s3 = tl.where(done, f2, n2), tl.where(done, f3, n3)
+            ended_count += tl.where(done, 1.0, 0.0)
+            ended_return += tl.where(done, episode_return, 0.0)
+            ended_length += tl.where(done, elapsed.to(tl.float32), 0.0)
+            elapsed = tl.where(done, 0, elapsed)
+            episode_return = tl.where(done, 0.0, episode_return)
+            obs = env_observe(ENV, s0, s1, s2, s3, col[None, :])
+            # Row t of the trajectory; the observation and done flag after the step are row t + 1 of theirs.
+            tl.store(actions_ptr + row, action.to(tl.int64), mask=live)
+            tl.store(logprobs_ptr + row, logprob, mask=live)
+            tl.store(rewards_ptr + row, reward, mask=live)
+            tl.store(dones_ptr + row + num_envs, done.to(tl.float32), mask=live)
+            tl.store(obs_ptr + (row + num_envs)[:, None] * N_OBS + col[None, :], obs, mask=obs_mask)
+        tl.store(state_ptr + env * N_STATE, s0, mask=live)
+        tl.store(state_ptr + env * N_STATE + 1, s1, mask=live)
+        tl.store(state_ptr + env * N_STATE + 2, s2, mask=live & (N_STATE > 2))
+        tl.store(state_ptr + env * N_STATE + 3, s3, mask=live & (N_STATE > 3))
+        tl.store(elapsed_ptr + env, elapsed, mask=live)
+        tl.store(episode_return_ptr + env, episode_return, mask=live)
+        tl.store(ended_ptr + env, ended_count, mask=live)
+        tl.store(ended_ptr + num_envs + env, ended_return, mask=live)
+        tl.store(ended_ptr + 2 * num_envs + env, ended_length, mask=live)
+
+
+def make_fused_collect(agent, envs, rollout, args):
+    """collect() as make_collect's, the rollout one Triton kernel launch (--fused-rollout): each program takes a
+    block of envs, loads the actor's weights once, keeps the envs in registers and runs the num_steps steps
+    (policy, Gumbel-max action, env step, time limit, auto-reset, episode sums, trajectory writes); then one
+    batched critic call over all the observations writes the values. Neither --compile nor --cudagraphs applies
+    to it: the kernel is one launch already, and its seed (below) changes at every call, which a captured launch
+    would replay unchanged.
+
+    Random numbers: Philox (tl.rand) of a seed per call and of the draw's number, (step * num_envs + env) *
+    (n_act + n_noise) + i, the same numbering as collect(uniforms) reads: the action's n_act uniforms, then the
+    reset's n_noise, per env and step, as the torch rollout draws them from torch.rand_like and torch.rand. The
+    seeds count up from a base drawn once from torch's CPU generator, which --seed seeds: a run repeats from its
+    seed, with no device sync; its stream differs from the torch rollout's (same distributions).
+    collect(uniforms) takes a [num_steps, num_envs, n_act + n_noise] tensor of uniforms instead (the tests)."""
+    # Here, not in check_args, which the twin shares word for word with the baseline: before any training still.
+    unavailable = fused_rollout_unavailable(rollout.obs.device.type == "cuda")
+    if unavailable:
+        fail(unavailable)
+    physics, net = envs.physics, agent.net
+    layers = [net.actor[i] for i in (0, 2, 4)]
+    block = 16 if args.num_envs < 2**14 else 64  # more envs: the weights loaded once for more of them
+    seeds = iter(range(int(torch.randint(2**30, ())), 2**31))
+
+    def collect(uniforms=None):
+        # The observation the last rollout ended in is the first of this one.
+        rollout.obs[0] = rollout.obs[-1]
+        rollout.dones[0] = rollout.dones[-1]
+        fused_rollout_kernel[(triton.cdiv(args.num_envs, block),)](
+            envs.state, envs.elapsed, envs.episode_return, envs.ended,
+            *(p.detach() for layer in layers for p in (layer.weight, layer.bias)),
+            rollout.obs, rollout.actions, rollout.logprobs, rollout.rewards, rollout.dones,
+            rollout.rewards if uniforms is None else uniforms,  # unread when Philox draws
+            next(seeds), args.num_envs, args.num_steps,
+            ENV=list(ENVS.values()).index(physics), N_STATE=envs.state.shape[1], N_OBS=physics.n_obs,
+            N_ACT=physics.n_act, N_NOISE=physics.n_noise, MAX_EPISODE_STEPS=physics.max_episode_steps,
+            HIDDEN=layers[0].out_features, PAD=FUSED_PAD, BLOCK=block, GIVEN_UNIFORMS=uniforms is not None,
+            num_warps=4,
+        )  # fmt: skip
+        with torch.no_grad():
+            rollout.values.copy_(net.get_value(rollout.obs[:-1]).squeeze(-1))
+
+    return collect
+
+
 class Meter:
     """What every script measures, shows and logs, word for word the same in each (docs/contract.md): the fps
     window after warm-up, the profiler, the progress bar or line, TensorBoard and wandb scalars, the return curve
@@ -726,7 +1001,10 @@ def train(args, meter):
     agent = Agent(args, n_obs, envs.physics.n_act, device)
     gae, update, policy, stats = make_update_fns(agent, args)
     rollout = Rollout(args.num_steps, args.num_envs, n_obs, device)
-    collect = make_collect(policy, envs, rollout, args)
+    if args.fused_rollout:
+        collect = make_fused_collect(agent, envs, rollout, args)
+    else:
+        collect = make_collect(policy, envs, rollout, args)
 
     rollout.obs[-1] = envs.observe()
     global_step = 0

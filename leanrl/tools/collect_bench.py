@@ -8,6 +8,8 @@ auto-reset, with the trajectory written, over N envs and K steps per call, for e
     torch-compile  the same with --compile: the env step compiled
     torch-graph-eager  the same with --cudagraphs: the K-step collect captured as one CUDA graph (CUDA only)
     torch-graph    the same with --compile --cudagraphs, the script's fastest mode (CUDA only)
+    torch-fused    the script's make_fused_collect (--fused-rollout): the K steps as one Triton kernel (CUDA, or
+                   the CPU when started with TRITON_INTERPRET=1: Triton's interpreter, slow, for tests)
     jax            the same network and CartPole in JAX, K steps as one jit of lax.scan (where jax imports)
 
 One call collects K steps of N envs (N*K samples). Warm-up calls (compilation, capture) are timed apart;
@@ -67,8 +69,10 @@ TORCH_MODES = {
     "torch-graph-eager": (False, True),
     "torch-graph": (True, True),
 }
+# The script's rollouts: make_collect in each of TORCH_MODES, and make_fused_collect.
+TORCH_BACKENDS = (*TORCH_MODES, "torch-fused")
 # In this order: JAX last, so the memory it keeps once it has run does not crowd the torch backends.
-BACKENDS = ("gymnasium", "envpool", *TORCH_MODES, "jax")
+BACKENDS = ("gymnasium", "envpool", *TORCH_BACKENDS, "jax")
 # Backends with a CartPole of their own (not the script's Envs), each from a package of that name.
 OWN_CARTPOLE = ("gymnasium", "envpool", "jax")
 DEFAULT_ENVS = [4**i for i in range(11)]  # 2^0 .. 2^20
@@ -131,6 +135,8 @@ def unavailable(backend, env_id, device):
         return f"CartPole-v1 only, not {env_id}"
     if TORCH_MODES.get(backend, (False, False))[1] and device.type != "cuda":
         return "CUDA graphs need CUDA"
+    if backend == "torch-fused":
+        return script.fused_rollout_unavailable(device.type == "cuda")
     if backend in OWN_CARTPOLE:
         try:
             importlib.import_module(backend)
@@ -154,7 +160,7 @@ def jax_platform(device):
 
 
 def seeded(env_id, n, k, device, seed, compile=False, cudagraphs=False):
-    """(args, envs, network, acting policy) as the script's train() builds them from the seed, so that every
+    """(args, envs, agent, acting policy) as the script's train() builds them from the seed, so that every
     backend acts with the same weights. args is the script's own Args with the bench's sizes and modes, the rest
     at the script's defaults."""
     args = dataclasses.replace(
@@ -164,7 +170,7 @@ def seeded(env_id, n, k, device, seed, compile=False, cudagraphs=False):
     envs = script.Envs(env_id, n, device)
     agent = script.Agent(args, envs.physics.n_obs, envs.physics.n_act, device)
     _, _, policy, _ = script.make_update_fns(agent, args)
-    return args, envs, agent.net, policy
+    return args, envs, agent, policy
 
 
 def torch_sync(device):
@@ -173,21 +179,25 @@ def torch_sync(device):
 
 def build_torch(backend, env_id, n, k, device, seed):
     """The script's collect as its train() sets it up, in the mode the backend names."""
-    compile, cudagraphs = TORCH_MODES[backend]
+    compile, cudagraphs = TORCH_MODES.get(backend, (False, False))
     # Each (N, K) compiles afresh: dynamo would otherwise pile up recompiles of the one step function across the
     # sizes until it hits its cache limit and falls back to eager.
     torch._dynamo.reset()
-    args, envs, net, policy = seeded(env_id, n, k, device, seed, compile, cudagraphs)
+    args, envs, agent, policy = seeded(env_id, n, k, device, seed, compile, cudagraphs)
     rollout = script.Rollout(k, n, envs.physics.n_obs, device)
     rollout.obs[-1] = envs.observe()
-    collect = script.make_collect(policy, envs, rollout, args)
     warmup = WARMUP_CALLS
+    if backend == "torch-fused":  # the first call compiles the Triton kernel
+        collect = script.make_fused_collect(agent, envs, rollout, args)
+        variant = f"{SCRIPT_NAME}.make_fused_collect"
+    else:
+        collect = script.make_collect(policy, envs, rollout, args)
+        variant = " ".join([f"{SCRIPT_NAME}.make_collect"] + ["--compile"] * compile + ["--cudagraphs"] * cudagraphs)
     if cudagraphs:
         # The graph module's eager calls and its capture (make_collect sets how many; tensordict versions differ
         # by one in how they count them), then one replay, as the first is slower.
         warmup = getattr(collect, "_warmup", 3) + 2
-    variant = " ".join([f"{SCRIPT_NAME}.make_collect"] + ["--compile"] * compile + ["--cudagraphs"] * cudagraphs)
-    return SimpleNamespace(collect=collect, sync=torch_sync(device), rollout=rollout, net=net,
+    return SimpleNamespace(collect=collect, sync=torch_sync(device), rollout=rollout, net=agent.net,
                            warmup_calls=warmup, profiled=True, variant=variant)  # fmt: skip
 
 
@@ -219,7 +229,7 @@ def make_simulator(backend, n, seed):
 def build_simulator(backend, env_id, n, k, device, seed):
     """What a script with a CPU simulator does each step: the observation copied to the device, the policy
     there, the action copied back for the simulator, and the step's results copied into the rollout."""
-    _, _, net, policy = seeded(env_id, n, k, device, seed)
+    _, _, agent, policy = seeded(env_id, n, k, device, seed)
     envs, obs, variant = make_simulator(backend, n, seed)
     rollout = script.Rollout(k, n, script.CartPole.n_obs, device)
     rollout.obs[-1] = torch.as_tensor(obs, device=device)
@@ -237,7 +247,7 @@ def build_simulator(backend, env_id, n, k, device, seed):
             rollout.obs[t + 1] = torch.as_tensor(next_obs, device=device)
             rollout.dones[t + 1] = torch.as_tensor(terminated | truncated, device=device)
 
-    return SimpleNamespace(collect=collect, sync=torch_sync(device), rollout=rollout, net=net,
+    return SimpleNamespace(collect=collect, sync=torch_sync(device), rollout=rollout, net=agent.net,
                            warmup_calls=WARMUP_CALLS, profiled=True, variant=variant)  # fmt: skip
 
 
@@ -249,7 +259,7 @@ def build_jax(backend, env_id, n, k, device, seed):
     import jax.numpy as jnp
 
     jax_device = jax.devices(jax_platform(device))[0]
-    _, _, net, _ = seeded(env_id, n, k, device, seed)
+    net = seeded(env_id, n, k, device, seed)[2].net
     params = jax.device_put({name: p.detach().cpu().numpy() for name, p in net.state_dict().items()}, jax_device)
     c = script.CartPole
 
@@ -328,7 +338,7 @@ def build_jax(backend, env_id, n, k, device, seed):
 
 
 def build(backend, env_id, n, k, device, seed=1):
-    builder = build_torch if backend in TORCH_MODES else build_jax if backend == "jax" else build_simulator
+    builder = build_torch if backend in TORCH_BACKENDS else build_jax if backend == "jax" else build_simulator
     return builder(backend, env_id, n, k, device, seed)
 
 
@@ -494,7 +504,7 @@ def render_markdown(records, skipped, environment, args):
             f"| {r['warmup_seconds']:.2f} | {per_step_cell(r)} |"
         )
     by_key = {(r["backend"], r["num_envs"], r["num_steps"]): r["samples_per_second"] for r in records}
-    torch_backends = [b for b in TORCH_MODES if any(r["backend"] == b for r in records)]
+    torch_backends = [b for b in TORCH_BACKENDS if any(r["backend"] == b for r in records)]
     pairs = sorted({(n, k) for b, n, k in by_key if b == "jax" and any((t, n, k) in by_key for t in torch_backends)})
     if pairs:
         lines += ["", "## Torch against JAX (ratio of samples/s)", ""]
