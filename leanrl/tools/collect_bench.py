@@ -202,27 +202,19 @@ def build_torch(backend, env_id, n, k, device, seed):
 
 
 def make_simulator(backend, n, seed):
-    """(vector env, its first observation, what it is): gymnasium's numpy-vectorized CartPole where it has one,
-    else its sync vector env; or envpool's. Both auto-reset on the step after an episode ends, not on the same
-    step as the script's Envs."""
+    """(vector env, its first observation, what it is): gymnasium's numpy-vectorized CartPole, or envpool's. Both
+    auto-reset on the step after an episode ends, not on the same step as the script's Envs."""
     with warnings.catch_warnings():
         # CartPole's observation bounds are float64 numbers in a float32 space, and gymnasium's Box says so.
         warnings.filterwarnings("ignore", r".*precision lowered by casting to float32", UserWarning)
         if backend == "gymnasium":
             import gymnasium as gym
 
-            try:
-                envs = gym.make_vec("CartPole-v1", num_envs=n, vectorization_mode="vector_entry_point")
-                variant = f"gymnasium {gym.__version__} vector_entry_point"
-            except (gym.error.Error, ValueError, AttributeError):
-                envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(n)])
-                variant = f"gymnasium {gym.__version__} sync"
-            return envs, envs.reset(seed=seed)[0], variant
+            envs = gym.make_vec("CartPole-v1", num_envs=n, vectorization_mode="vector_entry_point")
+            return envs, envs.reset(seed=seed)[0], f"gymnasium {gym.__version__} vector_entry_point"
         import envpool
 
-        make = getattr(envpool, "make_gymnasium", None)
-        make = make or (lambda *a, **kw: envpool.make(*a, env_type="gymnasium", **kw))
-        envs = make("CartPole-v1", num_envs=n, seed=seed)
+        envs = envpool.make_gymnasium("CartPole-v1", num_envs=n, seed=seed)
         return envs, envs.reset()[0], f"envpool {envpool.__version__}"
 
 
