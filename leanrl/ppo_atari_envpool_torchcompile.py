@@ -15,7 +15,7 @@ import urllib.parse
 import warnings
 from collections import deque
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 
 import envpool
 import numpy as np
@@ -83,6 +83,18 @@ class Args:
     """append the final speed record (one JSON line) to this file"""
     profile_dir: str | None = None
     """profile the start of the steady window (after warm-up) and write the trace into this directory"""
+    save_dir: str | None = None
+    """write checkpoints into this directory: every --save-every env steps, at the end, and on Ctrl-C"""
+    save_every: int = 0
+    """env steps between checkpoints in --save-dir (0: only the one at the end)"""
+    resume: str | None = None
+    """continue the run saved in this checkpoint file, or in this directory's checkpoint of the script"""
+    eval_checkpoint: str | None = None
+    """evaluate the policy of this checkpoint (file or directory, as for --resume) and exit, without training"""
+    eval_episodes: int = 10
+    """episodes that --eval-checkpoint runs"""
+    capture_video: bool = False
+    """record videos under videos/<run name>/: of env 0 while training, of every episode of --eval-checkpoint"""
     compile: bool = False
     """compile the policy, GAE and update functions with torch.compile"""
     cudagraphs: bool = False
@@ -103,6 +115,14 @@ QUIET_WARNINGS = (
     (DeprecationWarning, r".*The environment \S+-v4 is out of date"),
     (UserWarning, r"Using lock_\(\) inside a compiled graph"),
 )
+# What a checkpoint file says it is (docs/checkpoints.md).
+CHECKPOINT_FORMAT = "leanrl-checkpoint-1"
+# Arguments a resumed run may change: they change where it writes, how long it runs and how fast, not what it learns.
+RESUMABLE_ARGS = (
+    "total_timesteps", "save_dir", "save_every", "resume", "eval_checkpoint", "eval_episodes", "capture_video",
+    "cuda", "torch_threads", "track", "wandb_project_name", "wandb_entity", "tensorboard", "speed_log",
+    "profile_dir", "compile", "cudagraphs",
+)  # fmt: skip
 
 
 def fail(message):
@@ -128,6 +148,62 @@ def wandb_credentials():
         return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
     except (OSError, netrc.NetrcParseError):
         return False
+
+
+def checkpoint_file(path, script):
+    """The checkpoint file a path names: the path itself, or the script's checkpoint in a directory."""
+    return os.path.join(path, f"{script}.pt") if os.path.isdir(path) else path
+
+
+def open_checkpoint(args, argv, script):
+    """(checkpoint, args) for --resume or --eval-checkpoint: the file loaded (tensors and plain values only) and
+    checked, and the arguments of its run with argv's on top; one that would change the run must not differ
+    (evaluation may take another --seed)."""
+    if args.resume and args.eval_checkpoint:
+        fail("--resume and --eval-checkpoint exclude each other: resume a run, or evaluate its policy")
+    option, path = ("--resume", args.resume) if args.resume else ("--eval-checkpoint", args.eval_checkpoint)
+    path = checkpoint_file(path, script)
+    if not os.path.isfile(path):
+        fail(f"{option} {path}: no such checkpoint file")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated, not written by torch.save, or holding objects weights_only refuses
+        fail(f"{option} {path} does not load as a checkpoint ({type(e).__name__}): truncated, or not a checkpoint")
+    if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:
+        fail(f"{option} {path} is not a checkpoint of this collection")
+    if checkpoint["script"] != script:
+        fail(f"{option} {path} is a checkpoint of {checkpoint['script']}, not of {script}")
+    if set(checkpoint["args"]) != {field.name for field in fields(Args)}:
+        fail(f"{option} {path} was written by another version of {script}: its arguments differ")
+    saved = Args(**checkpoint["args"])
+    args = tyro.cli(Args, args=argv, default=saved)
+    free = RESUMABLE_ARGS + (("seed",) if args.eval_checkpoint else ())
+    for name in checkpoint["args"]:
+        if name not in free and getattr(args, name) != getattr(saved, name):
+            fail(f"{option} {path}: {flag(args, name, argv)} differs from the checkpoint's {getattr(saved, name)}")
+    return checkpoint, args
+
+
+def rng_states():
+    """The global random generators' states, in types a weights_only load reads back."""
+    numpy_state = np.random.get_state(legacy=False)
+    numpy_state["state"]["key"] = torch.from_numpy(numpy_state["state"]["key"].astype(np.int64))
+    return {
+        "python": random.getstate(),
+        "numpy": numpy_state,
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def restore_rng_states(states):
+    numpy_state = states["numpy"]
+    numpy_state["state"]["key"] = numpy_state["state"]["key"].numpy().astype(np.uint32)
+    random.setstate(states["python"])
+    np.random.set_state(numpy_state)
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"][: torch.cuda.device_count()])
 
 
 def check_args(args, argv):
@@ -354,8 +430,9 @@ def make_update_fns(agent, args):
 class Meter:
     """What every script measures, shows and logs, word for word the same in each (docs/contract.md): the fps
     window after warm-up, the profiler, the progress bar or line, TensorBoard and wandb scalars, the return curve
-    and the speed record. The loop calls unit() as each unit of work (an env step, or a PPO iteration) begins and
-    tick() after each env step; finish() writes the record, after Ctrl-C too."""
+    and the speed record, and the checkpoints (docs/checkpoints.md). The loop calls unit() as each unit of work
+    (an env step, or a PPO iteration) begins, tick() after each env step and checkpoint() after each unit;
+    finish() writes the record, after Ctrl-C too. --eval-checkpoint uses evaluated() and evaluation() instead."""
 
     def __init__(self, args, script):
         self.t_start = time.perf_counter()
@@ -376,8 +453,8 @@ class Meter:
         # Named scopes for the profiler (--profile-dir); free when not profiling.
         self.phase = record_function if args.profile_dir else lambda name: nullcontext()
         self.check_outputs()
-        self.writer = None
-        if args.track:
+        self.writer = self.wandb = None
+        if args.track and not args.eval_checkpoint:
             import wandb
 
             config = vars(args)
@@ -385,16 +462,27 @@ class Meter:
             self.wandb = wandb
         self.returns = deque(maxlen=20)
         self.curve = []  # [global_step, seconds since start, mean return], for return-vs-time plots
-        self.steps, self.interrupted = 0, False
+        self.eval_returns = []
+        self.steps = self.first_step = 0
+        self.interrupted = self.stop = False
+        self.paused = 0.0  # seconds spent writing checkpoints, left out of the fps window
         self.t_loop = self.t_window = self.profiler = self.bar = None
 
     def check_outputs(self):
         """Every output path is writable before training starts: missing folders are made, and one that cannot
         be written is one error line."""
         args = self.args
+        if args.save_every < 0 or args.save_every and not args.save_dir:
+            fail(f"--save-every {args.save_every} must be 0 (a checkpoint at the end only) or positive with --save-dir")
+        if args.eval_episodes <= 0:
+            fail(f"--eval-episodes {args.eval_episodes} must be positive")
         outputs = [("--speed-log", args.speed_log, False), ("--profile-dir", args.profile_dir, True)]
-        if args.tensorboard:
-            outputs.append(("the TensorBoard folder (or --no-tensorboard)", "runs", True))
+        if args.eval_checkpoint is None:
+            outputs.append(("--save-dir", args.save_dir, True))
+            if args.tensorboard:
+                outputs.append(("the TensorBoard folder (or --no-tensorboard)", "runs", True))
+        if args.capture_video:
+            outputs.append(("the video folder", "videos", True))
         for option, path, folder in outputs:
             if path is None:
                 continue
@@ -406,14 +494,33 @@ class Meter:
                     open(path, "a").close()  # appends nothing: what the file holds stays as it is
             except OSError as e:
                 fail(f"{option} {path} cannot be written: {e.strerror or e}")
-        if args.track and not wandb_credentials():
+        if args.save_dir and args.eval_checkpoint is None:
+            # A checkpoint already there is another run's, unless this run continues it: never overwritten.
+            existing = checkpoint_file(args.save_dir, self.script)
+            if os.path.exists(existing) and not (
+                args.resume and os.path.samefile(checkpoint_file(args.resume, self.script), existing)
+            ):
+                fail(
+                    f"--save-dir {args.save_dir} already holds a checkpoint of {self.script}: continue that run with "
+                    f"--resume {args.save_dir}, or pass another --save-dir"
+                )
+        if args.track and args.eval_checkpoint is None and not wandb_credentials():
             fail("--track needs wandb credentials: run `wandb login`, set WANDB_API_KEY, or set WANDB_MODE=offline")
 
-    def start(self, total_steps, window_start, profile_steps, steps_per_call):
-        """The loop's plan in env steps: its length, the step where the fps window opens (warm-up done), the
-        steps --profile-dir profiles from there, and the env steps one env_step phase takes."""
-        self.total_steps, self.window_start = total_steps, window_start
+    def start(self, checkpoint, total_steps, learning_starts, warmup_steps, profile_steps, steps_per_call):
+        """The loop's plan in env steps: its length; the fps window opens warmup_steps after learning_starts, or
+        after the step a resumed run starts from, whichever is later (a resumed run compiles and captures again);
+        the steps --profile-dir profiles from there, and the env steps one env_step phase takes. With a checkpoint
+        (--resume), the returns, the curve and the random generators come back as saved. Returns the first step."""
+        if checkpoint is not None:
+            self.first_step = self.steps = checkpoint["global_step"]
+            self.returns.extend(checkpoint["meter"]["returns"])
+            self.curve = checkpoint["meter"]["curve"]
+            restore_rng_states(checkpoint["rng"])
+        self.total_steps, self.window_start = total_steps, max(learning_starts, self.first_step) + warmup_steps
         self.profile_steps, self.steps_per_call = profile_steps, steps_per_call
+        if self.args.save_every:
+            self.next_save = (self.first_step // self.args.save_every + 1) * self.args.save_every
         if self.args.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -421,16 +528,29 @@ class Meter:
             self.writer = SummaryWriter(os.path.join("runs", self.run_name))
             table = "\n".join(f"|{key}|{value}|" for key, value in vars(self.args).items())
             self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
-        self.curve_every = self.next_curve = max(1, total_steps // 50)
+        self.curve_every = max(1, total_steps // 50)
+        self.next_curve = (self.first_step // self.curve_every + 1) * self.curve_every
         # A bar on a terminal; elsewhere (logs, CI) tqdm shows none and tick() prints a line now and then.
-        self.bar = tqdm.tqdm(total=total_steps, unit="step", unit_scale=True, dynamic_ncols=True, disable=None)
+        self.bar = tqdm.tqdm(total=total_steps, initial=self.first_step, unit="step", unit_scale=True,
+                             dynamic_ncols=True, disable=None)  # fmt: skip
+        if self.args.save_dir:
+            signal.signal(signal.SIGINT, self.stop_requested)
         self.t_loop = self.t_shown = self.t_line = time.perf_counter()
+        return self.first_step
+
+    def stop_requested(self, signum, frame):
+        """Ctrl-C with --save-dir: the run stops after a checkpoint at the end of this unit; a second one at once."""
+        if self.stop:
+            raise KeyboardInterrupt
+        self.stop = True
+        print("Ctrl-C: a checkpoint at the end of this step, then the run stops (Ctrl-C again: stop at once)",
+              file=sys.stderr, flush=True)  # fmt: skip
 
     def unit(self, global_step):
         """A unit of the loop begins after global_step env steps: the fps window opens at the first one past
         warm-up, and the profiler covers its first profile_steps."""
         if self.t_window is None and global_step >= self.window_start:
-            self.t_window, self.steps_window = time.perf_counter(), global_step
+            self.t_window, self.steps_window, self.paused_window = time.perf_counter(), global_step, self.paused
             if self.args.profile_dir:
                 cuda = self.device.type == "cuda"
                 self.profiler = profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda)
@@ -460,9 +580,9 @@ class Meter:
         self.t_shown = now
         steady = self.t_window is not None and global_step > self.steps_window
         if steady:
-            fps = (global_step - self.steps_window) / (now - self.t_window)
+            fps = (global_step - self.steps_window) / (now - self.t_window - self.paused + self.paused_window)
         else:
-            fps = global_step / (now - self.t_loop)
+            fps = (global_step - self.first_step) / (now - self.t_loop - self.paused)
         mean_return = float(np.mean(self.returns)) if self.returns else float("nan")
         status = f"fps {fps:.0f}{'' if steady else ' (warm-up)'}, return {mean_return:.1f}"
         if not self.bar.disable:
@@ -491,8 +611,76 @@ class Meter:
         if self.writer is not None:
             for key, value in scalars.items():
                 self.writer.add_scalar(key, value, global_step)
-        if self.args.track:
+        if self.wandb is not None:
             self.wandb.log(scalars, step=global_step)
+
+    def checkpoint(self, global_step, state, final=False):
+        """A unit of work is done, global_step env steps in all: with --save-dir, a checkpoint when --save-every
+        is due, at the end of the run (final) and after Ctrl-C, which then ends the run. state() gives the
+        script's part of it: everything else its run needs to go on."""
+        args = self.args
+        if args.save_dir and (final or self.stop or args.save_every and global_step >= self.next_save):
+            self.save(global_step, state())
+        if self.stop:
+            raise KeyboardInterrupt
+
+    def save(self, global_step, state):
+        """Write the checkpoint atomically: a temporary file in --save-dir, flushed to the disk, then renamed over
+        the last one, so that a crash at any point leaves one whole checkpoint. Its seconds are left out of fps."""
+        t_save = time.perf_counter()
+        args = self.args
+        checkpoint = {
+            "format": CHECKPOINT_FORMAT,
+            "script": self.script,
+            "args": asdict(args),
+            "global_step": global_step,
+            "meter": {"returns": list(self.returns), "curve": self.curve},
+            "rng": rng_states(),
+            "state": state,
+        }
+        path = checkpoint_file(args.save_dir, self.script)
+        temporary = os.path.join(args.save_dir, f".{self.script}.{os.getpid()}.tmp")
+        try:
+            with open(temporary, "wb") as f:
+                try:
+                    torch.save(checkpoint, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                except BaseException:
+                    os.unlink(temporary)
+                    raise
+            os.replace(temporary, path)
+            folder = os.open(args.save_dir, os.O_RDONLY)  # the rename itself on the disk
+            try:
+                os.fsync(folder)
+            finally:
+                os.close(folder)
+        except OSError as e:
+            fail(f"--save-dir {args.save_dir}: the checkpoint of step {global_step} was not written: {e.strerror or e}")
+        if args.save_every:
+            self.next_save = (global_step // args.save_every + 1) * args.save_every
+        self.paused += time.perf_counter() - t_save
+
+    def evaluated(self, episodic_return):
+        """--eval-checkpoint: an episode ended; its return is printed. True once --eval-episodes have ended."""
+        self.eval_returns.append(float(episodic_return))
+        print(f"episode {len(self.eval_returns)}: return {self.eval_returns[-1]:.2f}", flush=True)
+        return len(self.eval_returns) >= self.args.eval_episodes
+
+    def evaluation(self):
+        """--eval-checkpoint's result: the returns of its episodes, printed as the last stdout line, returned."""
+        returns = self.eval_returns[: self.args.eval_episodes]
+        record = {
+            "script": self.script,
+            "env_id": self.args.env_id,
+            "checkpoint": checkpoint_file(self.args.eval_checkpoint, self.script),
+            "episodes": len(returns),
+            "mean": round(float(np.mean(returns)), 2),
+            "std": round(float(np.std(returns)), 2),
+            "returns": [round(r, 2) for r in returns],
+        }
+        print(json.dumps(record), flush=True)
+        return record
 
     def finish(self):
         """The speed record: printed as the last stdout line, appended to --speed-log, and returned. After Ctrl-C
@@ -514,7 +702,10 @@ class Meter:
             # The curve ends where the run did.
             self.curve.append([self.steps, round(seconds, 3), round(mean_return, 2)])
         steady = self.t_window is not None and self.steps > self.steps_window
-        t_from, steps_from = (self.t_window, self.steps_window) if steady else (self.t_loop or t_end, 0)
+        if steady:
+            t_from, steps_from, paused = self.t_window, self.steps_window, self.paused - self.paused_window
+        else:
+            t_from, steps_from, paused = self.t_loop or t_end, self.first_step, self.paused
         record = {
             "script": self.script,
             "env_id": self.args.env_id,
@@ -527,10 +718,12 @@ class Meter:
             "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(),
             "total_timesteps": self.steps,
-            "fps": round((self.steps - steps_from) / (t_end - t_from), 1) if t_end > t_from else 0.0,
+            "fps": round((self.steps - steps_from) / (t_end - t_from - paused), 1) if t_end > t_from else 0.0,
             "steady": steady,
             "interrupted": self.interrupted,
-            "fps_overall": round(self.steps / (t_end - self.t_start), 1),
+            "fps_overall": round((self.steps - self.first_step) / (t_end - self.t_start), 1),
+            "resumed_from": self.first_step if self.args.resume else None,
+            "checkpoint_seconds": round(self.paused, 3),
             "warmup_seconds": round(t_from - self.t_start, 3),
             "wall_seconds": round(t_end - self.t_start, 3),
             "episodic_return": round(float(np.mean(self.returns)), 2) if self.returns else None,
@@ -538,7 +731,7 @@ class Meter:
         }
         if self.writer is not None:
             self.writer.close()
-        if self.args.track:
+        if self.wandb is not None:
             self.wandb.finish()
         line = json.dumps(record)
         if self.args.speed_log:
@@ -549,7 +742,7 @@ class Meter:
         return record
 
 
-def train(args, meter):
+def train(args, meter, checkpoint):
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
@@ -656,17 +849,25 @@ def train(args, meter):
 
 
 def main(argv=None):
-    """Train as the arguments say; return the speed record, which Ctrl-C ends the run with too."""
+    """Train as the arguments say and return the speed record, which Ctrl-C ends the run with too; with
+    --eval-checkpoint, evaluate the saved policy instead and return the evaluation's record."""
     argv = sys.argv[1:] if argv is None else argv
     args = tyro.cli(Args, args=argv)
+    script = os.path.basename(__file__)[: -len(".py")]
+    checkpoint = None
+    if args.resume or args.eval_checkpoint:
+        checkpoint, args = open_checkpoint(args, argv, script)
     check_args(args, argv)
-    meter = Meter(args, os.path.basename(__file__)[: -len(".py")])
+    meter = Meter(args, script)
     try:
-        train(args, meter)
+        if args.eval_checkpoint:
+            evaluate(args, meter, checkpoint)
+            return meter.evaluation()
+        train(args, meter, checkpoint)
     except KeyboardInterrupt:
         meter.interrupted = True
     return meter.finish()
 
 
 if __name__ == "__main__":
-    sys.exit(130 if main()["interrupted"] else 0)
+    sys.exit(130 if main().get("interrupted") else 0)

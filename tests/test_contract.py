@@ -12,11 +12,14 @@ BASELINES = (
     "ppo_atari_envpool", "ppo_classic_control_gpu", "ppo_continuous_action", "sac_continuous_action",
     "td3_continuous_action",
 )  # fmt: skip
-SHARED_DEFS = ("fail", "flag", "wandb_credentials", "Meter", "main")
-SHARED_CONSTANTS = ("PROGRESS_SECONDS", "CONSOLE_SECONDS", "QUIET_WARNINGS")
+SHARED_DEFS = (
+    "fail", "flag", "wandb_credentials", "checkpoint_file", "open_checkpoint", "rng_states", "restore_rng_states",
+    "Meter", "main",
+)  # fmt: skip
+SHARED_CONSTANTS = ("PROGRESS_SECONDS", "CONSOLE_SECONDS", "QUIET_WARNINGS", "CHECKPOINT_FORMAT", "RESUMABLE_ARGS")
 COMMON_FIELDS = (
     "cuda", "torch_threads", "track", "wandb_project_name", "wandb_entity", "tensorboard", "speed_log",
-    "profile_dir",
+    "profile_dir", "save_dir", "save_every", "resume", "eval_checkpoint", "eval_episodes", "capture_video",
 )  # fmt: skip
 
 
