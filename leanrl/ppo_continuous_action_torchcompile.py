@@ -14,9 +14,10 @@ import urllib.parse
 import warnings
 from collections import deque
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 import gymnasium as gym
+import mujoco
 import numpy as np
 import torch
 import torch.nn as nn
@@ -25,6 +26,7 @@ import torch.optim as optim
 import tqdm
 import tyro
 from tensordict.nn import CudaGraphModule
+from gymnasium.envs.mujoco.mujoco_env import MujocoEnv
 from gymnasium.wrappers.utils import RunningMeanStd
 from torch.distributions.normal import Normal
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -125,6 +127,11 @@ RESUMABLE_ARGS = (
     "cuda", "torch_threads", "track", "wandb_project_name", "wandb_entity", "tensorboard", "speed_log",
     "profile_dir", "compile", "cudagraphs",
 )  # fmt: skip
+# A MuJoCo env's state in a checkpoint: all that its next steps depend on.
+MUJOCO_STATE = mujoco.mjtState.mjSTATE_INTEGRATION
+# What a checkpoint keeps of gymnasium's wrappers: step and episode counters, and running statistics.
+WRAPPER_STATE = ("_elapsed_steps", "episode_returns", "episode_lengths", "discounted_reward")
+WRAPPER_STATISTICS = ("obs_rms", "return_rms")
 
 
 def fail(message):
@@ -241,12 +248,16 @@ class RunningMeanStdOfOne(RunningMeanStd):
         self.count = total
 
 
-def make_env(env_id, gamma):
+def make_env(env_id, gamma, seed, video=None):
+    """video: (folder, which episodes) to record, or None."""
+
     def thunk():
-        env = gym.make(env_id)
+        env = gym.make(env_id) if video is None else gym.make(env_id, render_mode="rgb_array")
         if not isinstance(env.action_space, gym.spaces.Box):
             space = type(env.action_space).__name__
             fail(f"{env_id} has a {space} action space; this PPO needs a continuous (Box) one")
+        if video is not None:
+            env = gym.wrappers.RecordVideo(env, video[0], episode_trigger=video[1], disable_logger=True)
         env = gym.wrappers.FlattenObservation(env)  # deal with dm_control's Dict observation space
         # Before the reward wrappers, so that episode returns are the environment's own.
         env = gym.wrappers.RecordEpisodeStatistics(env)
@@ -257,23 +268,95 @@ def make_env(env_id, gamma):
         env = gym.wrappers.NormalizeReward(env, gamma=gamma)
         env.return_rms = RunningMeanStdOfOne(shape=())
         env = gym.wrappers.TransformReward(env, lambda reward: np.clip(reward, -10, 10))
+        # Never sampled here, but seeded: a checkpoint holds its generator, the same in every run of a seed.
+        env.action_space.seed(seed)
         return env
 
     return thunk
 
 
-def make_envs(args):
-    """num_envs envs that reset in the same step, so the true final observation comes in infos."""
+def make_envs(args, video=None):
+    """num_envs envs that reset in the same step, so the true final observation comes in infos; env 0 records
+    the video, as in CleanRL."""
     try:
         # copy=False: step returns the vector env's own observation buffer, not a copy; the loop copies it into
         # the rollout before the next step overwrites it.
         return gym.vector.SyncVectorEnv(
-            [make_env(args.env_id, args.gamma) for _ in range(args.num_envs)],
+            [make_env(args.env_id, args.gamma, args.seed, video if i == 0 else None) for i in range(args.num_envs)],
             autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
             copy=False,
         )
     except gym.error.Error as e:
         fail(f"cannot make env {args.env_id!r}: {e}")
+
+
+def saved_value(value):
+    """A numpy value as a tensor, which a weights_only load reads back; other values as they are."""
+    return torch.as_tensor(np.asarray(value)) if isinstance(value, (np.ndarray, np.generic)) else value
+
+
+def numpy_value(value):
+    """saved_value's inverse: a tensor as a numpy array (0-d: a numpy scalar)."""
+    return value.numpy()[()] if isinstance(value, torch.Tensor) else value
+
+
+def stateful_wrappers(env):
+    """An env's wrappers, outside in, but the video recorder, which a resumed run may add or drop."""
+    wrappers = []
+    while isinstance(env, gym.Wrapper):
+        if not isinstance(env, gym.wrappers.RecordVideo):
+            wrappers.append(env)
+        env = env.env
+    return wrappers
+
+
+def env_state(envs):
+    """What the next steps of a gymnasium vector env depend on, per env: the simulator's state (MuJoCo's
+    integration state, or a classic-control env's `state`; None for other envs), each wrapper's counters and
+    running statistics, and the random generators of the env, its action space and the vector env's."""
+    states = []
+    for env in envs.envs:
+        sim = env.unwrapped
+        if isinstance(sim, MujocoEnv):
+            physics = np.empty(mujoco.mj_stateSize(sim.model, MUJOCO_STATE))
+            mujoco.mj_getState(sim.model, sim.data, physics, MUJOCO_STATE)
+        else:
+            physics = getattr(sim, "state", None)
+        layers = []
+        for layer in stateful_wrappers(env):
+            saved = {name: saved_value(vars(layer)[name]) for name in WRAPPER_STATE if name in vars(layer)}
+            for name in WRAPPER_STATISTICS:
+                if name in vars(layer):
+                    saved[name] = {key: saved_value(value) for key, value in vars(vars(layer)[name]).items()}
+            layers.append(saved)
+        rng, action_rng = sim.np_random.bit_generator.state, env.action_space.np_random.bit_generator.state
+        physics = None if physics is None else saved_value(np.asarray(physics))
+        states.append({"physics": physics, "layers": layers, "rng": rng, "action_rng": action_rng})
+    return {"envs": states, "action_rng": envs.action_space.np_random.bit_generator.state}
+
+
+def restore_env_state(envs, state):
+    """env_state's envs back as saved; False where an env's simulator state was not saved (its episode restarts
+    from the reset)."""
+    restored = True
+    for env, saved in zip(envs.envs, state["envs"]):
+        sim = env.unwrapped
+        if saved["physics"] is None:
+            restored = False
+        elif isinstance(sim, MujocoEnv):
+            mujoco.mj_setState(sim.model, sim.data, numpy_value(saved["physics"]), MUJOCO_STATE)
+        else:
+            sim.state = numpy_value(saved["physics"])
+        for layer, layer_state in zip(stateful_wrappers(env), saved["layers"]):
+            for name, value in layer_state.items():
+                if name in WRAPPER_STATISTICS:
+                    vars(vars(layer)[name]).update({key: numpy_value(v) for key, v in value.items()})
+                else:
+                    vars(layer)[name] = numpy_value(value)
+        sim.np_random.bit_generator.state = saved["rng"]
+        env.action_space.np_random.bit_generator.state = saved["action_rng"]
+    envs.action_space.np_random.bit_generator.state = state["action_rng"]
+    return restored
 
 
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
@@ -367,6 +450,29 @@ class Agent:
 
     def learning_rate(self):
         return self.optimizer.param_groups[0]["lr"]
+
+
+def run_state(agent, envs, next_obs, next_done):
+    """The script's part of a checkpoint: network, optimizer, envs, and the observations and done flags the next
+    rollout starts from (copies: a view would be saved with the whole buffer it is part of)."""
+    state = {"net": agent.net.state_dict(), "optimizer": agent.optimizer.state_dict(), "envs": env_state(envs)}
+    return {**state, "next_obs": next_obs.to("cpu", copy=True), "next_done": next_done.to("cpu", copy=True)}
+
+
+def restore_run(state, agent, envs, rollout):
+    """run_state's parts back in place, before the first compiled or captured call: the optimizer's load_state_dict
+    makes its state tensors anew, which a graph captured earlier would not see. The observations and done flags the
+    next rollout starts from go into the rollout's last row, where the loop takes them from."""
+    lr = agent.learning_rate()
+    agent.net.load_state_dict(state["net"])
+    agent.optimizer.load_state_dict(state["optimizer"])
+    # load_state_dict put the saved tensor in the group: the tensor that annealing overwrites goes back in its place.
+    agent.optimizer.param_groups[0]["lr"] = lr.copy_(agent.learning_rate())
+    if restore_env_state(envs, state["envs"]):
+        rollout.host["obs"][-1] = state["next_obs"].numpy()
+        rollout.host["dones"][-1] = state["next_done"].numpy()
+    else:
+        print("the envs' state is not in the checkpoint: their episodes restart", file=sys.stderr)
 
 
 def bootstrap_truncated(agent, reward, terminations, truncations, infos, gamma, device):
@@ -815,6 +921,35 @@ class Meter:
         return record
 
 
+def evaluate(args, meter, checkpoint):
+    """--eval-checkpoint: the saved policy's deterministic action (its mean) on a fresh env, --eval-episodes; the
+    observations are normalised with env 0's saved running statistics, frozen."""
+    video = (os.path.join("videos", meter.run_name), lambda episode: episode < args.eval_episodes)
+    # One env, so that its video records every episode.
+    envs = make_envs(replace(args, num_envs=1), video if args.capture_video else None)
+    n_obs = int(np.prod(envs.single_observation_space.shape))
+    n_act = int(np.prod(envs.single_action_space.shape))
+    net = ActorCritic(n_obs, n_act, device=meter.device)
+    net.load_state_dict(checkpoint["state"]["net"])
+    layers = checkpoint["state"]["envs"]["envs"][0]["layers"]
+    obs_rms = next(layer["obs_rms"] for layer in layers if "obs_rms" in layer)
+    normalize = envs.envs[0]
+    while not isinstance(normalize, gym.wrappers.NormalizeObservation):
+        normalize = normalize.env
+    vars(normalize.obs_rms).update({key: numpy_value(value) for key, value in obs_rms.items()})
+    normalize.update_running_mean = False
+    obs, _ = envs.reset(seed=args.seed)
+    done = False
+    while not done:
+        with torch.no_grad():
+            actions = net.actor_mean(torch.as_tensor(obs, device=meter.device, dtype=torch.float32))
+        obs, _, _, _, infos = envs.step(actions.cpu().numpy())
+        if "final_info" in infos:
+            for i in np.flatnonzero(infos["_final_info"]):
+                done = meter.evaluated(infos["final_info"]["episode"]["r"][i]) or done
+    envs.close()
+
+
 def train(args, meter, checkpoint):
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
@@ -824,7 +959,8 @@ def train(args, meter, checkpoint):
     torch.manual_seed(args.seed)
     device, phase = meter.device, meter.phase
 
-    envs = make_envs(args)
+    video = (os.path.join("videos", meter.run_name), None) if args.capture_video else None  # CleanRL's schedule
+    envs = make_envs(args, video)
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(np.prod(envs.single_action_space.shape))
     agent = Agent(args, n_obs, n_act, device)
@@ -834,10 +970,14 @@ def train(args, meter, checkpoint):
 
     next_obs, _ = envs.reset(seed=args.seed)
     rollout.host["obs"][-1] = next_obs
-    global_step = 0
+    if checkpoint is not None:
+        restore_run(checkpoint["state"], agent, envs, rollout)
     steps = num_iterations * batch_size
-    meter.start(steps, WARMUP_ITERATIONS * batch_size, PROFILE_ITERATIONS * batch_size, args.num_envs)
-    for iteration in range(1, num_iterations + 1):
+    global_step = meter.start(
+        checkpoint, steps, 0, WARMUP_ITERATIONS * batch_size, PROFILE_ITERATIONS * batch_size, args.num_envs
+    )
+    # A checkpoint is written after a whole iteration: the next one is the iteration after its steps.
+    for iteration in range(global_step // batch_size + 1, num_iterations + 1):
         meter.unit(global_step)
         with phase("update"):
             if args.anneal_lr:
@@ -912,6 +1052,9 @@ def train(args, meter, checkpoint):
             scalars = {f"losses/{name}": stats[name] for name in STATS}
             scalars.update({"losses/explained_variance": explained_var, "charts/learning_rate": agent.learning_rate()})
             meter.log(global_step, scalars)
+            final = iteration == num_iterations
+            next_obs, next_done = rollout.pinned["obs"][-1], rollout.pinned["dones"][-1]  # where the next one starts
+            meter.checkpoint(global_step, lambda: run_state(agent, envs, next_obs, next_done), final)
     envs.close()
 
 

@@ -121,11 +121,6 @@ MUJOCO_STATE = mujoco.mjtState.mjSTATE_INTEGRATION
 # What a checkpoint keeps of gymnasium's wrappers: step and episode counters, and running statistics.
 WRAPPER_STATE = ("_elapsed_steps", "episode_returns", "episode_lengths", "discounted_reward")
 WRAPPER_STATISTICS = ("obs_rms", "return_rms")
-RESUMABLE_ARGS = (
-    "total_timesteps", "save_dir", "save_every", "resume", "eval_checkpoint", "eval_episodes", "capture_video",
-    "cuda", "torch_threads", "track", "wandb_project_name", "wandb_entity", "tensorboard", "speed_log",
-    "profile_dir", "compile", "cudagraphs",
-)  # fmt: skip
 
 
 def fail(message):
@@ -259,6 +254,16 @@ def numpy_value(value):
     return value.numpy()[()] if isinstance(value, torch.Tensor) else value
 
 
+def stateful_wrappers(env):
+    """An env's wrappers, outside in, but the video recorder, which a resumed run may add or drop."""
+    wrappers = []
+    while isinstance(env, gym.Wrapper):
+        if not isinstance(env, gym.wrappers.RecordVideo):
+            wrappers.append(env)
+        env = env.env
+    return wrappers
+
+
 def env_state(envs):
     """What the next steps of a gymnasium vector env depend on, per env: the simulator's state (MuJoCo's
     integration state, or a classic-control env's `state`; None for other envs), each wrapper's counters and
@@ -271,14 +276,13 @@ def env_state(envs):
             mujoco.mj_getState(sim.model, sim.data, physics, MUJOCO_STATE)
         else:
             physics = getattr(sim, "state", None)
-        layers, layer = [], env
-        while isinstance(layer, gym.Wrapper):
+        layers = []
+        for layer in stateful_wrappers(env):
             saved = {name: saved_value(vars(layer)[name]) for name in WRAPPER_STATE if name in vars(layer)}
             for name in WRAPPER_STATISTICS:
                 if name in vars(layer):
                     saved[name] = {key: saved_value(value) for key, value in vars(vars(layer)[name]).items()}
             layers.append(saved)
-            layer = layer.env
         rng, action_rng = sim.np_random.bit_generator.state, env.action_space.np_random.bit_generator.state
         physics = None if physics is None else saved_value(np.asarray(physics))
         states.append({"physics": physics, "layers": layers, "rng": rng, "action_rng": action_rng})
@@ -297,14 +301,12 @@ def restore_env_state(envs, state):
             mujoco.mj_setState(sim.model, sim.data, numpy_value(saved["physics"]), MUJOCO_STATE)
         else:
             sim.state = numpy_value(saved["physics"])
-        layer = env
-        for layer_state in saved["layers"]:
+        for layer, layer_state in zip(stateful_wrappers(env), saved["layers"]):
             for name, value in layer_state.items():
                 if name in WRAPPER_STATISTICS:
                     vars(vars(layer)[name]).update({key: numpy_value(v) for key, v in value.items()})
                 else:
                     vars(layer)[name] = numpy_value(value)
-            layer = layer.env
         sim.np_random.bit_generator.state = saved["rng"]
         env.action_space.np_random.bit_generator.state = saved["action_rng"]
     envs.action_space.np_random.bit_generator.state = state["action_rng"]

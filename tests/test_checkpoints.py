@@ -18,7 +18,8 @@ import torch
 from helpers import SCRIPTS, assert_one_line_error, load_script, run_bad_input, run_main
 
 OFF_POLICY = ["--env-id", "Pendulum-v1", "--learning-starts", "200", "--batch-size", "32", "--buffer-size", "1000"]
-PPO = ["--num-minibatches", "2", "--update-epochs", "1", "--no-tensorboard"]
+# Without the annealed learning rate: its schedule follows --total-timesteps, which the stopped run has shorter.
+PPO = ["--num-minibatches", "2", "--update-epochs", "1", "--no-anneal-lr", "--no-tensorboard"]
 PPO_CONTINUOUS = ["--env-id", "Pendulum-v1", "--num-envs", "2", "--num-steps", "64", *PPO]
 PPO_ATARI = ["--num-envs", "2", "--num-steps", "32", *PPO]
 PPO_GPU = ["--num-envs", "8", "--num-steps", "16", *PPO]
@@ -198,10 +199,14 @@ def test_evaluation_videos(name, workdir, capsys):
 
 
 def test_training_video(workdir, capsys):
-    """--capture-video while training: env 0's first episode is an MP4 file, as in CleanRL."""
-    train_tiny(SAC, capsys, 300, "--capture-video")
+    """--capture-video while training: env 0's first episode is an MP4 file, as in CleanRL. A run resumed without
+    videos goes on from the same env state (the recorder is no part of it)."""
+    train_tiny(SAC, capsys, 300, "--capture-video", "--save-dir", "run")
     (folder,) = Path("videos").iterdir()
     assert is_mp4(folder / "rl-video-episode-0.mp4")
+    elapsed = checkpoint_of(SAC, "run")["state"]["envs"]["envs"][0]["layers"]
+    assert train_tiny(SAC, capsys, 400, "--resume", "run", "--no-capture-video")["resumed_from"] == 300
+    assert checkpoint_of(SAC, "run")["state"]["envs"]["envs"][0]["layers"] != elapsed
 
 
 @pytest.fixture
