@@ -223,6 +223,8 @@ def check_args(args, argv):
         fail(f"{flag(args, 'total_timesteps', argv)} is below one rollout, {batch}")
     if args.target_kl is not None and args.target_kl <= 0:
         fail(f"--target-kl {args.target_kl} must be positive")
+    if args.capture_video:
+        fail("--capture-video: envpool renders no frames, so this script cannot record videos")
 
 
 def make_envs(env_id, num_envs, seed):
@@ -341,6 +343,23 @@ class Agent:
         lr = torch.tensor(args.learning_rate, device=device)
         capturable = torch.device(device).type == "cuda"
         self.optimizer = optim.Adam(self.network.parameters(), lr=lr, eps=1e-5, capturable=capturable)
+
+
+def run_state(agent):
+    """The script's part of a checkpoint: the network and the optimizer. The iteration follows from the global
+    step, the annealed learning rate from the iteration; envpool's envs cannot be saved."""
+    return {"network": agent.network.state_dict(), "optimizer": agent.optimizer.state_dict()}
+
+
+def restore_run(state, agent):
+    """run_state's parts back in place, before any call of the update functions."""
+    agent.network.load_state_dict(state["network"])
+    # load_state_dict puts the saved learning rate, a CPU tensor, in the group: the device tensor that annealing
+    # fills in place (and captured updates read) stays, with the saved value.
+    lr = agent.optimizer.param_groups[0]["lr"]
+    agent.optimizer.load_state_dict(state["optimizer"])
+    agent.optimizer.param_groups[0]["lr"] = lr.copy_(agent.optimizer.param_groups[0]["lr"])
+    print("envpool's env state is not in the checkpoint: the episodes restart", file=sys.stderr)
 
 
 def make_update_fns(agent, args):
@@ -742,6 +761,25 @@ class Meter:
         return record
 
 
+def evaluate(args, meter, checkpoint):
+    """--eval-checkpoint: the saved policy's greedy action (the most likely one) on fresh envs, whole games counted
+    as training counts them, until --eval-episodes have ended."""
+    num_envs = min(args.num_envs, args.eval_episodes)
+    envs = make_envs(args.env_id, num_envs, args.seed)
+    network = ActorCritic(envs.single_action_space.n, device=meter.device)
+    network.load_state_dict(checkpoint["state"]["network"])
+    episodes = EpisodeReturns(num_envs)
+    obs, _ = envs.reset()
+    done = False
+    while not done:
+        with torch.no_grad():
+            logits = network.actor(network.network(torch.as_tensor(obs, device=meter.device) / 255.0))
+        obs, _, _, truncations, info = envs.step(logits.argmax(1).cpu().numpy())
+        for episodic_return, _ in episodes.add(info, truncations):
+            done = done or meter.evaluated(episodic_return)
+    envs.close()
+
+
 def train(args, meter, checkpoint):
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
@@ -765,10 +803,12 @@ def train(args, meter, checkpoint):
     dones_host = rollout.dones_host.numpy()
     next_obs_host[:] = envs.reset()[0]
     next_done = np.zeros(args.num_envs, dtype=bool)
-    global_step = 0
+    if checkpoint is not None:
+        restore_run(checkpoint["state"], agent)
     steps = num_iterations * batch_size
-    meter.start(steps, WARMUP_ITERATIONS * batch_size, PROFILE_ITERATIONS * batch_size, args.num_envs)
-    for iteration in range(1, num_iterations + 1):
+    warmup_steps, profile_steps = WARMUP_ITERATIONS * batch_size, PROFILE_ITERATIONS * batch_size
+    global_step = meter.start(checkpoint, steps, 0, warmup_steps, profile_steps, args.num_envs)
+    for iteration in range(global_step // batch_size + 1, num_iterations + 1):
         meter.unit(global_step)
         # Annealing the rate if instructed to do so.
         if args.anneal_lr:
@@ -845,6 +885,7 @@ def train(args, meter, checkpoint):
             learning_rate = agent.optimizer.param_groups[0]["lr"]
             scalars.update({"losses/explained_variance": explained_var, "charts/learning_rate": learning_rate})
             meter.log(global_step, scalars)
+            meter.checkpoint(global_step, lambda: run_state(agent), final=iteration == num_iterations)
     envs.close()
 
 
