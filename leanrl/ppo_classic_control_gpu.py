@@ -17,6 +17,7 @@ from collections import deque
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 
+import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
@@ -101,6 +102,8 @@ WARMUP_ITERATIONS = 3
 PROFILE_ITERATIONS = 1
 # The statistics of a minibatch update, in the order they are logged.
 STATS = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "grad_norm")
+# Envs' tensors, as a checkpoint holds them: all that the envs' next steps depend on.
+ENVS_STATE = ("state", "elapsed", "episode_return", "ended")
 
 # Seconds between refreshes of the progress bar, and between progress lines where stderr is not a terminal.
 PROGRESS_SECONDS = 1.0
@@ -220,6 +223,11 @@ def check_args(args, argv):
         fail(f"{flag(args, 'total_timesteps', argv)} is below one rollout, {batch}")
     if args.target_kl is not None and args.target_kl <= 0:
         fail(f"--target-kl {args.target_kl} must be positive")
+    if args.capture_video and not args.eval_checkpoint:
+        fail(
+            "--capture-video records evaluation only: the training envs are tensors, which do not render; "
+            "record a saved policy with --eval-checkpoint DIR --capture-video"
+        )
 
 
 class CartPole:
@@ -452,6 +460,23 @@ class Agent:
 
     def learning_rate(self):
         return self.optimizer.param_groups[0]["lr"]
+
+
+def run_state(agent, envs, next_obs, next_done):
+    """The script's part of a checkpoint: the network, its optimizer, the envs, and the observation and done flags
+    the next rollout starts from."""
+    state = {"net": agent.net.state_dict(), "optimizer": agent.optimizer.state_dict()}
+    state["envs"] = {name: getattr(envs, name) for name in ENVS_STATE}
+    return {**state, "obs": next_obs, "done": next_done}
+
+
+def restore_run(state, agent, envs):
+    """run_state's parts back in place; returns the observation and done flags the run goes on from."""
+    agent.net.load_state_dict(state["net"])
+    agent.optimizer.load_state_dict(state["optimizer"])
+    for name in ENVS_STATE:
+        getattr(envs, name).copy_(state["envs"][name])
+    return state["obs"].to(envs.device), state["done"].to(envs.device)
 
 
 def make_update_fns(agent, args):
@@ -833,6 +858,29 @@ class Meter:
         return record
 
 
+def evaluate(args, meter, checkpoint):
+    """--eval-checkpoint: the saved actor's greedy action (the argmax of its logits), --eval-episodes one after
+    another on gymnasium's own env of the same id, whose dynamics the script's envs reproduce."""
+    env = gym.make(args.env_id, render_mode="rgb_array" if args.capture_video else None)
+    if args.capture_video:
+        folder, trigger = os.path.join("videos", meter.run_name), lambda episode: episode < args.eval_episodes
+        env = gym.wrappers.RecordVideo(env, folder, episode_trigger=trigger, disable_logger=True)
+    env = gym.wrappers.RecordEpisodeStatistics(env)
+    physics = ENVS[args.env_id]
+    net = ActorCritic(physics.n_obs, physics.n_act, device=meter.device)
+    net.load_state_dict(checkpoint["state"]["net"])
+    obs, _ = env.reset(seed=args.seed)
+    while True:
+        with torch.no_grad():
+            logits = net.actor(torch.as_tensor(obs, device=meter.device, dtype=torch.float32))
+        obs, _, terminated, truncated, info = env.step(int(logits.argmax()))
+        if terminated or truncated:
+            if meter.evaluated(info["episode"]["r"]):
+                break
+            obs, _ = env.reset()
+    env.close()
+
+
 def train(args, meter, checkpoint):
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
@@ -850,10 +898,14 @@ def train(args, meter, checkpoint):
 
     next_obs = envs.observe()
     next_done = torch.zeros(args.num_envs, device=device)
-    global_step = 0
+    if checkpoint is not None:
+        next_obs, next_done = restore_run(checkpoint["state"], agent, envs)
     steps = num_iterations * batch_size
-    meter.start(steps, WARMUP_ITERATIONS * batch_size, PROFILE_ITERATIONS * batch_size, args.num_envs)
-    for iteration in range(1, num_iterations + 1):
+    global_step = meter.start(
+        checkpoint, steps, 0, WARMUP_ITERATIONS * batch_size, PROFILE_ITERATIONS * batch_size, args.num_envs
+    )
+    # A resumed run goes on with the iteration after its checkpoint's, the learning rate annealed from there.
+    for iteration in range(global_step // batch_size + 1, num_iterations + 1):
         meter.unit(global_step)
         with phase("update"):
             if args.anneal_lr:
@@ -923,6 +975,8 @@ def train(args, meter, checkpoint):
             scalars = {f"losses/{name}": stats[name] for name in STATS}
             scalars.update({"losses/explained_variance": explained_var, "charts/learning_rate": agent.learning_rate()})
             meter.log(global_step, scalars)
+            final = iteration == num_iterations
+            meter.checkpoint(global_step, lambda: run_state(agent, envs, next_obs, next_done), final)
 
 
 def main(argv=None):

@@ -19,6 +19,7 @@ from collections import deque
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 
+import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
@@ -117,6 +118,8 @@ WARMUP_ITERATIONS = 3
 PROFILE_ITERATIONS = 1
 # The statistics of a minibatch update, in the order they are logged.
 STATS = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "grad_norm")
+# Envs' tensors, as a checkpoint holds them: all that the envs' next steps depend on.
+ENVS_STATE = ("state", "elapsed", "episode_return", "ended")
 
 # Seconds between refreshes of the progress bar, and between progress lines where stderr is not a terminal.
 PROGRESS_SECONDS = 1.0
@@ -236,6 +239,11 @@ def check_args(args, argv):
         fail(f"{flag(args, 'total_timesteps', argv)} is below one rollout, {batch}")
     if args.target_kl is not None and args.target_kl <= 0:
         fail(f"--target-kl {args.target_kl} must be positive")
+    if args.capture_video and not args.eval_checkpoint:
+        fail(
+            "--capture-video records evaluation only: the training envs are tensors, which do not render; "
+            "record a saved policy with --eval-checkpoint DIR --capture-video"
+        )
 
 
 class CartPole:
@@ -481,6 +489,34 @@ class Agent:
 
     def learning_rate(self):
         return self.optimizer.param_groups[0]["lr"]
+
+
+def run_state(args, agent, envs, rollout, collect):
+    """The script's part of a checkpoint: the network, its optimizer, the envs, the observation and done flags the
+    next rollout starts from (the rollout's last rows) and, with --fused-rollout, the seed of its next launch."""
+    state = {"net": agent.net.state_dict(), "optimizer": agent.optimizer.state_dict()}
+    state["envs"] = {name: getattr(envs, name) for name in ENVS_STATE}
+    state.update(obs=rollout.obs[-1].clone(), done=rollout.dones[-1].clone())  # the rows, not the whole rollout
+    return {**state, "fused_seed": collect.seed} if args.fused_rollout else state
+
+
+def restore_run(state, args, agent, envs, rollout, collect):
+    """run_state's parts back in place, into the tensors that the compiled functions and captured graphs read,
+    before their first call."""
+    agent.net.load_state_dict(state["net"])
+    # Of the optimizer, the saved moments and step counts only, cast as this run's settings say (capturable on CUDA
+    # alone: a run may resume on another device). Its learning-rate tensor, which annealing fills and the compiled
+    # or captured step reads, stays: load_state_dict puts a copy in, which goes.
+    saved, lr = state["optimizer"], agent.learning_rate()
+    ids = [group["params"] for group in saved["param_groups"]]
+    groups = [{**group, "params": params} for group, params in zip(agent.optimizer.param_groups, ids)]
+    agent.optimizer.load_state_dict({"state": saved["state"], "param_groups": groups})
+    agent.optimizer.param_groups[0]["lr"] = lr
+    for name in ENVS_STATE:
+        getattr(envs, name).copy_(state["envs"][name])
+    rollout.obs[-1], rollout.dones[-1] = state["obs"], state["done"]
+    if args.fused_rollout:
+        collect.seed = state["fused_seed"]
 
 
 def make_update_fns(agent, args):
@@ -833,7 +869,8 @@ def make_fused_collect(agent, envs, rollout, args):
     (n_act + n_noise) + i, the same numbering as collect(uniforms) reads: the action's n_act uniforms, then the
     reset's n_noise, per env and step, as the torch rollout draws them from torch.rand_like and torch.rand. The
     seeds count up from a base drawn once from torch's CPU generator, which --seed seeds: a run repeats from its
-    seed, with no device sync; its stream differs from the torch rollout's (same distributions).
+    seed, with no device sync; its stream differs from the torch rollout's (same distributions). collect.seed is
+    the next call's, which a checkpoint keeps.
     collect(uniforms) takes a [num_steps, num_envs, n_act + n_noise] tensor of uniforms instead (the tests)."""
     # Here, not in check_args, which the twin shares word for word with the baseline: before any training still.
     unavailable = fused_rollout_unavailable(rollout.obs.device.type == "cuda")
@@ -842,7 +879,6 @@ def make_fused_collect(agent, envs, rollout, args):
     physics, net = envs.physics, agent.net
     layers = [net.actor[i] for i in (0, 2, 4)]
     block = 16 if args.num_envs < 2**14 else 64  # more envs: the weights loaded once for more of them
-    seeds = iter(range(int(torch.randint(2**30, ())), 2**31))
 
     def collect(uniforms=None):
         # The observation the last rollout ended in is the first of this one.
@@ -853,15 +889,17 @@ def make_fused_collect(agent, envs, rollout, args):
             *(p.detach() for layer in layers for p in (layer.weight, layer.bias)),
             rollout.obs, rollout.actions, rollout.logprobs, rollout.rewards, rollout.dones,
             rollout.rewards if uniforms is None else uniforms,  # unread when Philox draws
-            next(seeds), args.num_envs, args.num_steps,
+            collect.seed, args.num_envs, args.num_steps,
             ENV=list(ENVS.values()).index(physics), N_STATE=envs.state.shape[1], N_OBS=physics.n_obs,
             N_ACT=physics.n_act, N_NOISE=physics.n_noise, MAX_EPISODE_STEPS=physics.max_episode_steps,
             HIDDEN=layers[0].out_features, PAD=FUSED_PAD, BLOCK=block, GIVEN_UNIFORMS=uniforms is not None,
             num_warps=4,
         )  # fmt: skip
+        collect.seed += 1
         with torch.no_grad():
             rollout.values.copy_(net.get_value(rollout.obs[:-1]).squeeze(-1))
 
+    collect.seed = int(torch.randint(2**30, ()))
     return collect
 
 
@@ -1180,6 +1218,29 @@ class Meter:
         return record
 
 
+def evaluate(args, meter, checkpoint):
+    """--eval-checkpoint: the saved actor's greedy action (the argmax of its logits), --eval-episodes one after
+    another on gymnasium's own env of the same id, whose dynamics the script's envs reproduce."""
+    env = gym.make(args.env_id, render_mode="rgb_array" if args.capture_video else None)
+    if args.capture_video:
+        folder, trigger = os.path.join("videos", meter.run_name), lambda episode: episode < args.eval_episodes
+        env = gym.wrappers.RecordVideo(env, folder, episode_trigger=trigger, disable_logger=True)
+    env = gym.wrappers.RecordEpisodeStatistics(env)
+    physics = ENVS[args.env_id]
+    net = ActorCritic(physics.n_obs, physics.n_act, device=meter.device)
+    net.load_state_dict(checkpoint["state"]["net"])
+    obs, _ = env.reset(seed=args.seed)
+    while True:
+        with torch.no_grad():
+            logits = net.actor(torch.as_tensor(obs, device=meter.device, dtype=torch.float32))
+        obs, _, terminated, truncated, info = env.step(int(logits.argmax()))
+        if terminated or truncated:
+            if meter.evaluated(info["episode"]["r"]):
+                break
+            obs, _ = env.reset()
+    env.close()
+
+
 def train(args, meter, checkpoint):
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
@@ -1200,10 +1261,14 @@ def train(args, meter, checkpoint):
         collect = make_collect(policy, envs, rollout, args)
 
     rollout.obs[-1] = envs.observe()
-    global_step = 0
+    if checkpoint is not None:
+        restore_run(checkpoint["state"], args, agent, envs, rollout, collect)
     steps = num_iterations * batch_size
-    meter.start(steps, WARMUP_ITERATIONS * batch_size, PROFILE_ITERATIONS * batch_size, batch_size)
-    for iteration in range(1, num_iterations + 1):
+    global_step = meter.start(
+        checkpoint, steps, 0, WARMUP_ITERATIONS * batch_size, PROFILE_ITERATIONS * batch_size, batch_size
+    )
+    # A resumed run goes on with the iteration after its checkpoint's, the learning rate annealed from there.
+    for iteration in range(global_step // batch_size + 1, num_iterations + 1):
         meter.unit(global_step)
         with phase("update"):
             if args.anneal_lr:
@@ -1258,6 +1323,8 @@ def train(args, meter, checkpoint):
             scalars = {f"losses/{name}": stats[name] for name in STATS}
             scalars.update({"losses/explained_variance": explained_var, "charts/learning_rate": agent.learning_rate()})
             meter.log(global_step, scalars)
+            final = iteration == num_iterations
+            meter.checkpoint(global_step, lambda: run_state(args, agent, envs, rollout, collect), final)
 
 
 def main(argv=None):
