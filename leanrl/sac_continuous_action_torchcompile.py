@@ -11,6 +11,7 @@ import signal
 import sys
 import tempfile
 import time
+import types
 import urllib.parse
 import warnings
 from collections import deque
@@ -18,6 +19,7 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 
 import gymnasium as gym
+import mujoco
 import numpy as np
 import torch
 import torch.nn as nn
@@ -25,6 +27,7 @@ import torch.nn.functional as F
 import torch.optim as optim
 import tqdm
 import tyro
+from gymnasium.envs.mujoco.mujoco_env import MujocoEnv
 from tensordict.nn import CudaGraphModule
 from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -99,6 +102,9 @@ WARMUP_STEPS = 200
 PROFILE_STEPS = 100
 LOG_STD_MAX = 2
 LOG_STD_MIN = -5
+# The agent's parts with a state_dict, and its stacked Q parameters ({name: tensor}), as a checkpoint holds them.
+AGENT_STATE = ("actor", "q_optimizer", "actor_optimizer", "a_optimizer")
+AGENT_TENSORS = ("qnet_params", "qnet_target")
 # The statistics of an update, in the order they are logged.
 STATS = ("qf_loss", "qf1_values", "qf2_values", "actor_loss", "alpha_loss")
 # Seconds between refreshes of the progress bar, and between progress lines where stderr is not a terminal.
@@ -117,6 +123,11 @@ RESUMABLE_ARGS = (
     "cuda", "torch_threads", "track", "wandb_project_name", "wandb_entity", "tensorboard", "speed_log",
     "profile_dir", "compile", "cudagraphs",
 )  # fmt: skip
+# A MuJoCo env's state in a checkpoint: all that its next steps depend on.
+MUJOCO_STATE = mujoco.mjtState.mjSTATE_INTEGRATION
+# What a checkpoint keeps of gymnasium's wrappers: step and episode counters, and running statistics.
+WRAPPER_STATE = ("_elapsed_steps", "episode_returns", "episode_lengths", "discounted_reward")
+WRAPPER_STATISTICS = ("obs_rms", "return_rms")
 
 
 def fail(message):
@@ -211,9 +222,15 @@ def check_args(args, argv):
         )
 
 
-def make_env(env_id, seed):
+def make_env(env_id, seed, video=None):
+    """video: (folder, which episodes) to record, or None."""
+
     def thunk():
-        env = gym.make(env_id)
+        if video is None:
+            env = gym.make(env_id)
+        else:
+            env = gym.make(env_id, render_mode="rgb_array")
+            env = gym.wrappers.RecordVideo(env, video[0], episode_trigger=video[1], disable_logger=True)
         env = gym.wrappers.RecordEpisodeStatistics(env)
         env.action_space.seed(seed)
         return env
@@ -221,17 +238,92 @@ def make_env(env_id, seed):
     return thunk
 
 
-def make_single_env(env_id, seed):
+def make_single_env(env_id, seed, video=None):
     """The baseline's one env without the vector env around it: for one env, the vector env's batching and info
     merging cost about as much host time as a MuJoCo step. The loop resets the env in the step that ends an
     episode, as the baseline's vector env does (same-step autoreset), so both see the same transitions."""
     try:
-        env = make_env(env_id, seed)()
+        env = make_env(env_id, seed, video)()
     except gym.error.Error as e:
         fail(f"cannot make env {env_id!r}: {e}")
     if not isinstance(env.action_space, gym.spaces.Box):
         fail(f"{env_id} has a {type(env.action_space).__name__} action space; SAC needs a continuous (Box) one")
     return env
+
+
+def vector_view(env):
+    """The one env as env_state and restore_env_state take a vector env (they are the baseline's): its only env,
+    whose action space is the one the loop samples."""
+    return types.SimpleNamespace(envs=[env], action_space=env.action_space)
+
+
+def saved_value(value):
+    """A numpy value as a tensor, which a weights_only load reads back; other values as they are."""
+    return torch.as_tensor(np.asarray(value)) if isinstance(value, (np.ndarray, np.generic)) else value
+
+
+def numpy_value(value):
+    """saved_value's inverse: a tensor as a numpy array (0-d: a numpy scalar)."""
+    return value.numpy()[()] if isinstance(value, torch.Tensor) else value
+
+
+def stateful_wrappers(env):
+    """An env's wrappers, outside in, but the video recorder, which a resumed run may add or drop."""
+    wrappers = []
+    while isinstance(env, gym.Wrapper):
+        if not isinstance(env, gym.wrappers.RecordVideo):
+            wrappers.append(env)
+        env = env.env
+    return wrappers
+
+
+def env_state(envs):
+    """What the next steps of a gymnasium vector env depend on, per env: the simulator's state (MuJoCo's
+    integration state, or a classic-control env's `state`; None for other envs), each wrapper's counters and
+    running statistics, and the random generators of the env, its action space and the vector env's."""
+    states = []
+    for env in envs.envs:
+        sim = env.unwrapped
+        if isinstance(sim, MujocoEnv):
+            physics = np.empty(mujoco.mj_stateSize(sim.model, MUJOCO_STATE))
+            mujoco.mj_getState(sim.model, sim.data, physics, MUJOCO_STATE)
+        else:
+            physics = getattr(sim, "state", None)
+        layers = []
+        for layer in stateful_wrappers(env):
+            saved = {name: saved_value(vars(layer)[name]) for name in WRAPPER_STATE if name in vars(layer)}
+            for name in WRAPPER_STATISTICS:
+                if name in vars(layer):
+                    saved[name] = {key: saved_value(value) for key, value in vars(vars(layer)[name]).items()}
+            layers.append(saved)
+        rng, action_rng = sim.np_random.bit_generator.state, env.action_space.np_random.bit_generator.state
+        physics = None if physics is None else saved_value(np.asarray(physics))
+        states.append({"physics": physics, "layers": layers, "rng": rng, "action_rng": action_rng})
+    return {"envs": states, "action_rng": envs.action_space.np_random.bit_generator.state}
+
+
+def restore_env_state(envs, state):
+    """env_state's envs back as saved; False where an env's simulator state was not saved (its episode restarts
+    from the reset)."""
+    restored = True
+    for env, saved in zip(envs.envs, state["envs"]):
+        sim = env.unwrapped
+        if saved["physics"] is None:
+            restored = False
+        elif isinstance(sim, MujocoEnv):
+            mujoco.mj_setState(sim.model, sim.data, numpy_value(saved["physics"]), MUJOCO_STATE)
+        else:
+            sim.state = numpy_value(saved["physics"])
+        for layer, layer_state in zip(stateful_wrappers(env), saved["layers"]):
+            for name, value in layer_state.items():
+                if name in WRAPPER_STATISTICS:
+                    vars(vars(layer)[name]).update({key: numpy_value(v) for key, v in value.items()})
+                else:
+                    vars(layer)[name] = numpy_value(value)
+        sim.np_random.bit_generator.state = saved["rng"]
+        env.action_space.np_random.bit_generator.state = saved["action_rng"]
+    envs.action_space.np_random.bit_generator.state = state["action_rng"]
+    return restored
 
 
 class SoftQNetwork(nn.Module):
@@ -320,6 +412,17 @@ class ReplayBuffer:
         idx = torch.randint(0, 2**62, (len(self.batch),), device=self.device).remainder_(self.size)
         torch.index_select(self.storage, 0, idx, out=self.batch)
 
+    def state(self):
+        """The filled rows, and where the next transition goes."""
+        size = int(self.size)
+        return {"storage": self.storage[:size].to("cpu", copy=True), "ptr": int(self.ptr), "size": size}
+
+    def restore(self, state):
+        # In place: captured graphs and compiled functions hold these very tensors.
+        self.storage[: state["size"]].copy_(state["storage"])
+        self.ptr.fill_(state["ptr"])
+        self.size.fill_(state["size"])
+
 
 class Agent:
     """The networks, optimizers and entropy coefficient SAC trains."""
@@ -346,6 +449,44 @@ class Agent:
     def qvalues(self, params, obs, actions):
         """The Q values of both networks for the stacked parameters `params`: shape (2, batch, 1)."""
         return torch.vmap(lambda p: torch.func.functional_call(self.qnet, p, (obs, actions)))(params)
+
+
+def run_state(agent, rb, envs, obs, stats, next_action):
+    """The script's part of a checkpoint: networks, optimizers, entropy coefficient, replay buffer, envs, the
+    latest statistics, and the action chosen ahead for the next step (None: none)."""
+    state = {name: getattr(agent, name).state_dict() for name in AGENT_STATE}
+    state.update({name: {key: p.detach() for key, p in getattr(agent, name).items()} for name in AGENT_TENSORS})
+    state.update(log_alpha=agent.log_alpha.detach(), buffer=rb.state(), envs=env_state(envs), stats=stats)
+    next_action = None if next_action is None else torch.from_numpy(next_action)
+    return {**state, "obs": torch.from_numpy(obs), "next_action": next_action}
+
+
+def restore_run(state, args, agent, rb, envs, obs, stats):
+    """run_state's parts back in place, into the tensors that captured graphs and compiled functions hold;
+    returns the observation the run goes on from and the action chosen ahead for it."""
+    for name in AGENT_STATE:
+        saved, part = state[name], getattr(agent, name)
+        if isinstance(part, optim.Optimizer):
+            # Adam's capturable is this run's: --cudagraphs sets it, and a resumed run may change that flag.
+            groups = zip(saved["param_groups"], part.param_groups)
+            saved = {**saved, "param_groups": [{**g, "capturable": now["capturable"]} for g, now in groups]}
+        part.load_state_dict(saved)
+    with torch.no_grad():
+        for name in AGENT_TENSORS:
+            for key, p in getattr(agent, name).items():
+                p.copy_(state[name][key])
+        agent.log_alpha.copy_(state["log_alpha"])
+        if args.autotune:
+            agent.alpha.copy_(agent.log_alpha.exp())
+        # A progress tick before the next actor update logs the actor's loss as saved.
+        for name, value in stats.items():
+            value.copy_(state["stats"][name])
+    rb.restore(state["buffer"])
+    if restore_env_state(envs, state["envs"]):
+        next_action = state["next_action"]
+        return state["obs"].numpy(), None if next_action is None else next_action.numpy()
+    print("the env's state is not in the checkpoint: its episode restarts", file=sys.stderr)
+    return obs, None
 
 
 def make_update_fns(agent, args, batch):
@@ -796,13 +937,36 @@ class Meter:
         return record
 
 
+def evaluate(args, meter, checkpoint):
+    """--eval-checkpoint: the saved actor's deterministic action (its mean) on a fresh env, --eval-episodes."""
+    video = (os.path.join("videos", meter.run_name), lambda episode: episode < args.eval_episodes)
+    video = video if args.capture_video else None
+    env = make_single_env(args.env_id, args.seed, video)
+    n_obs = int(np.prod(env.observation_space.shape))
+    n_act = int(np.prod(env.action_space.shape))
+    space = env.action_space
+    actor = Actor(n_obs, n_act, space.low, space.high, device=meter.device)
+    actor.load_state_dict(checkpoint["state"]["actor"])
+    obs, _ = env.reset(seed=args.seed)
+    done = False
+    while not done:
+        with torch.no_grad():
+            _, _, action = actor.get_action(torch.as_tensor(obs[None], device=meter.device, dtype=torch.float32))
+        obs, _, termination, truncation, info = env.step(action[0].cpu().numpy())
+        if termination or truncation:
+            done = meter.evaluated(info["episode"]["r"])
+            obs, _ = env.reset()
+    env.close()
+
+
 def train(args, meter, checkpoint):
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     device, phase = meter.device, meter.phase
 
-    env = make_single_env(args.env_id, args.seed)
+    video = (os.path.join("videos", meter.run_name), None) if args.capture_video else None  # CleanRL's schedule
+    env = make_single_env(args.env_id, args.seed, video)
     n_obs = int(np.prod(env.observation_space.shape))
     n_act = int(np.prod(env.action_space.shape))
     space = env.action_space
@@ -812,10 +976,13 @@ def train(args, meter, checkpoint):
     train_step, stats = make_train_step(rb, update_critic, update_actor, update_targets, args)
     act = make_act(policy, args, n_obs, n_act, device)
 
+    envs = vector_view(env)
     obs, _ = env.reset(seed=args.seed)
     next_action = None
-    meter.start(args.total_timesteps, args.learning_starts + WARMUP_STEPS, PROFILE_STEPS, 1)
-    for global_step in range(args.total_timesteps):
+    if checkpoint is not None:
+        obs, next_action = restore_run(checkpoint["state"], args, agent, rb, envs, obs, stats)
+    first_step = meter.start(checkpoint, args.total_timesteps, args.learning_starts, WARMUP_STEPS, PROFILE_STEPS, 1)
+    for global_step in range(first_step, args.total_timesteps):
         meter.unit(global_step)
         with phase("policy"):
             if global_step < args.learning_starts:
@@ -841,9 +1008,10 @@ def train(args, meter, checkpoint):
                 rb.push()
         else:
             actor_update = global_step % args.policy_frequency == 0
-            if not actor_update and global_step + 1 < args.total_timesteps:
+            if not actor_update:
                 # This update leaves the actor as it is: act for the next step now, so that the env steps
-                # while the device runs the critic update.
+                # while the device runs the critic update. At the last step too: a run resumed from its
+                # checkpoint draws as the run that goes on does.
                 with phase("policy"):
                     next_action = act(obs)
             with phase("update"):
@@ -853,6 +1021,8 @@ def train(args, meter, checkpoint):
             if meter.tick(global_step + 1) and global_step >= args.learning_starts + args.policy_frequency:
                 losses = {f"losses/{name}": stats[name] for name in STATS}
                 meter.log(global_step, {**losses, "losses/alpha": agent.alpha})
+            final = global_step + 1 == args.total_timesteps
+            meter.checkpoint(global_step + 1, lambda: run_state(agent, rb, envs, obs, stats, next_action), final)
     env.close()
 
 

@@ -16,6 +16,7 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 
 import gymnasium as gym
+import mujoco
 import numpy as np
 import torch
 import torch.nn as nn
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 import torch.optim as optim
 import tqdm
 import tyro
+from gymnasium.envs.mujoco.mujoco_env import MujocoEnv
 from torch.profiler import ProfilerActivity, profile, record_function
 
 
@@ -88,6 +90,10 @@ class Args:
 WARMUP_STEPS = 200
 # Steps profiled with --profile-dir, at the start of the steady window.
 PROFILE_STEPS = 100
+# The agent's parts with a state_dict, as a checkpoint holds them.
+AGENT_STATE = ("actor", "qf1", "qf2", "target_actor", "qf1_target", "qf2_target", "q_optimizer", "actor_optimizer")
+# The replay buffer's arrays, as a checkpoint holds them.
+BUFFER_ARRAYS = ("obs", "next_obs", "actions", "rewards", "dones")
 # The statistics of an update, in the order they are logged.
 STATS = ("qf_loss", "qf1_values", "qf2_values", "actor_loss")
 # Seconds between refreshes of the progress bar, and between progress lines where stderr is not a terminal.
@@ -106,6 +112,11 @@ RESUMABLE_ARGS = (
     "cuda", "torch_threads", "track", "wandb_project_name", "wandb_entity", "tensorboard", "speed_log",
     "profile_dir", "compile", "cudagraphs",
 )  # fmt: skip
+# A MuJoCo env's state in a checkpoint: all that its next steps depend on.
+MUJOCO_STATE = mujoco.mjtState.mjSTATE_INTEGRATION
+# What a checkpoint keeps of gymnasium's wrappers: step and episode counters, and running statistics.
+WRAPPER_STATE = ("_elapsed_steps", "episode_returns", "episode_lengths", "discounted_reward")
+WRAPPER_STATISTICS = ("obs_rms", "return_rms")
 
 
 def fail(message):
@@ -203,9 +214,15 @@ def check_args(args, argv):
         )
 
 
-def make_env(env_id, seed):
+def make_env(env_id, seed, video=None):
+    """video: (folder, which episodes) to record, or None."""
+
     def thunk():
-        env = gym.make(env_id)
+        if video is None:
+            env = gym.make(env_id)
+        else:
+            env = gym.make(env_id, render_mode="rgb_array")
+            env = gym.wrappers.RecordVideo(env, video[0], episode_trigger=video[1], disable_logger=True)
         env = gym.wrappers.RecordEpisodeStatistics(env)
         env.action_space.seed(seed)
         return env
@@ -213,15 +230,86 @@ def make_env(env_id, seed):
     return thunk
 
 
-def make_envs(env_id, seed):
+def make_envs(env_id, seed, video=None):
     """One env in a vector env that resets in the same step, so the true final observation comes in infos."""
     try:
-        envs = gym.vector.SyncVectorEnv([make_env(env_id, seed)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        envs = gym.vector.SyncVectorEnv(
+            [make_env(env_id, seed, video)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+        )
     except gym.error.Error as e:
         fail(f"cannot make env {env_id!r}: {e}")
     if not isinstance(envs.single_action_space, gym.spaces.Box):
         fail(f"{env_id} has a {type(envs.single_action_space).__name__} action space; TD3 needs a continuous (Box) one")
     return envs
+
+
+def saved_value(value):
+    """A numpy value as a tensor, which a weights_only load reads back; other values as they are."""
+    return torch.as_tensor(np.asarray(value)) if isinstance(value, (np.ndarray, np.generic)) else value
+
+
+def numpy_value(value):
+    """saved_value's inverse: a tensor as a numpy array (0-d: a numpy scalar)."""
+    return value.numpy()[()] if isinstance(value, torch.Tensor) else value
+
+
+def stateful_wrappers(env):
+    """An env's wrappers, outside in, but the video recorder, which a resumed run may add or drop."""
+    wrappers = []
+    while isinstance(env, gym.Wrapper):
+        if not isinstance(env, gym.wrappers.RecordVideo):
+            wrappers.append(env)
+        env = env.env
+    return wrappers
+
+
+def env_state(envs):
+    """What the next steps of a gymnasium vector env depend on, per env: the simulator's state (MuJoCo's
+    integration state, or a classic-control env's `state`; None for other envs), each wrapper's counters and
+    running statistics, and the random generators of the env, its action space and the vector env's."""
+    states = []
+    for env in envs.envs:
+        sim = env.unwrapped
+        if isinstance(sim, MujocoEnv):
+            physics = np.empty(mujoco.mj_stateSize(sim.model, MUJOCO_STATE))
+            mujoco.mj_getState(sim.model, sim.data, physics, MUJOCO_STATE)
+        else:
+            physics = getattr(sim, "state", None)
+        layers = []
+        for layer in stateful_wrappers(env):
+            saved = {name: saved_value(vars(layer)[name]) for name in WRAPPER_STATE if name in vars(layer)}
+            for name in WRAPPER_STATISTICS:
+                if name in vars(layer):
+                    saved[name] = {key: saved_value(value) for key, value in vars(vars(layer)[name]).items()}
+            layers.append(saved)
+        rng, action_rng = sim.np_random.bit_generator.state, env.action_space.np_random.bit_generator.state
+        physics = None if physics is None else saved_value(np.asarray(physics))
+        states.append({"physics": physics, "layers": layers, "rng": rng, "action_rng": action_rng})
+    return {"envs": states, "action_rng": envs.action_space.np_random.bit_generator.state}
+
+
+def restore_env_state(envs, state):
+    """env_state's envs back as saved; False where an env's simulator state was not saved (its episode restarts
+    from the reset)."""
+    restored = True
+    for env, saved in zip(envs.envs, state["envs"]):
+        sim = env.unwrapped
+        if saved["physics"] is None:
+            restored = False
+        elif isinstance(sim, MujocoEnv):
+            mujoco.mj_setState(sim.model, sim.data, numpy_value(saved["physics"]), MUJOCO_STATE)
+        else:
+            sim.state = numpy_value(saved["physics"])
+        for layer, layer_state in zip(stateful_wrappers(env), saved["layers"]):
+            for name, value in layer_state.items():
+                if name in WRAPPER_STATISTICS:
+                    vars(vars(layer)[name]).update({key: numpy_value(v) for key, v in value.items()})
+                else:
+                    vars(layer)[name] = numpy_value(value)
+        sim.np_random.bit_generator.state = saved["rng"]
+        env.action_space.np_random.bit_generator.state = saved["action_rng"]
+    envs.action_space.np_random.bit_generator.state = state["action_rng"]
+    return restored
 
 
 class QNetwork(nn.Module):
@@ -276,6 +364,16 @@ class ReplayBuffer:
         self.ptr = (self.ptr + 1) % self.max_size
         self.size = min(self.size + 1, self.max_size)
 
+    def state(self):
+        """The filled part, and where the next transition goes."""
+        filled = {name: torch.from_numpy(getattr(self, name)[: self.size]) for name in BUFFER_ARRAYS}
+        return {**filled, "ptr": self.ptr, "size": self.size}
+
+    def restore(self, state):
+        for name in BUFFER_ARRAYS:
+            getattr(self, name)[: state["size"]] = state[name].numpy()
+        self.ptr, self.size = state["ptr"], state["size"]
+
     def sample(self, batch_size):
         idx = np.random.randint(0, self.size, size=batch_size)
         return tuple(
@@ -302,6 +400,26 @@ class Agent:
         # Per-dimension action bounds on the device, for clamping actions there.
         self.action_low = torch.as_tensor(action_low, dtype=torch.float32, device=device)
         self.action_high = torch.as_tensor(action_high, dtype=torch.float32, device=device)
+
+
+def run_state(agent, rb, envs, obs, stats):
+    """The script's part of a checkpoint: networks, optimizers, replay buffer, envs, the latest statistics."""
+    state = {name: getattr(agent, name).state_dict() for name in AGENT_STATE}
+    state.update(buffer=rb.state(), envs=env_state(envs), stats=stats)
+    return {**state, "obs": torch.from_numpy(obs)}
+
+
+def restore_run(state, agent, rb, envs, obs, stats):
+    """run_state's parts back in place; returns the observation the run goes on from."""
+    for name in AGENT_STATE:
+        getattr(agent, name).load_state_dict(state[name])
+    rb.restore(state["buffer"])
+    # A progress tick before the next actor update logs the actor's loss as saved.
+    stats.update({name: value.to(rb.device) for name, value in state["stats"].items()})
+    if restore_env_state(envs, state["envs"]):
+        return state["obs"].numpy()
+    print("the env's state is not in the checkpoint: its episode restarts", file=sys.stderr)
+    return obs
 
 
 def make_update_fns(agent, args):
@@ -665,13 +783,36 @@ class Meter:
         return record
 
 
+def evaluate(args, meter, checkpoint):
+    """--eval-checkpoint: the saved actor's action, without exploration noise, on a fresh env, --eval-episodes."""
+    video = (os.path.join("videos", meter.run_name), lambda episode: episode < args.eval_episodes)
+    video = video if args.capture_video else None
+    envs = make_envs(args.env_id, args.seed, video)
+    n_obs = int(np.prod(envs.single_observation_space.shape))
+    n_act = int(np.prod(envs.single_action_space.shape))
+    space = envs.single_action_space
+    actor = Actor(n_obs, n_act, space.low, space.high, device=meter.device)
+    actor.load_state_dict(checkpoint["state"]["actor"])
+    obs, _ = envs.reset(seed=args.seed)
+    done = False
+    while not done:
+        with torch.no_grad():
+            actions = actor(torch.as_tensor(obs, device=meter.device, dtype=torch.float32))
+        obs, _, _, _, infos = envs.step(actions.cpu().numpy())
+        if "final_obs" in infos:
+            for i in np.flatnonzero(infos["_final_obs"]):
+                done = meter.evaluated(infos["final_info"]["episode"]["r"][i]) or done
+    envs.close()
+
+
 def train(args, meter, checkpoint):
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     device, phase = meter.device, meter.phase
 
-    envs = make_envs(args.env_id, args.seed)
+    video = (os.path.join("videos", meter.run_name), None) if args.capture_video else None  # CleanRL's schedule
+    envs = make_envs(args.env_id, args.seed, video)
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(np.prod(envs.single_action_space.shape))
     space = envs.single_action_space
@@ -681,8 +822,10 @@ def train(args, meter, checkpoint):
     stats = {}  # the latest value of each of STATS
 
     obs, _ = envs.reset(seed=args.seed)
-    meter.start(args.total_timesteps, args.learning_starts + WARMUP_STEPS, PROFILE_STEPS, 1)
-    for global_step in range(args.total_timesteps):
+    if checkpoint is not None:
+        obs = restore_run(checkpoint["state"], agent, rb, envs, obs, stats)
+    first_step = meter.start(checkpoint, args.total_timesteps, args.learning_starts, WARMUP_STEPS, PROFILE_STEPS, 1)
+    for global_step in range(first_step, args.total_timesteps):
         meter.unit(global_step)
         with phase("policy"):
             if global_step < args.learning_starts:
@@ -718,6 +861,8 @@ def train(args, meter, checkpoint):
         with phase("other"):
             if meter.tick(global_step + 1) and global_step >= args.learning_starts + args.policy_frequency:
                 meter.log(global_step, {f"losses/{name}": stats[name] for name in STATS})
+            final = global_step + 1 == args.total_timesteps
+            meter.checkpoint(global_step + 1, lambda: run_state(agent, rb, envs, obs, stats), final)
     envs.close()
 
 
