@@ -7,7 +7,8 @@ steps of 0.01 s (HalfCheetah-v4's frame skip) under uniform random actions; no p
     envpool               envpool's HalfCheetah-v4, its threads on every core
     mujoco-torch-eager    torch.vmap of mujoco_torch.step over N envs, eager
     mujoco-torch-compile  the same, torch.compile'd
-    mujoco-torch-graph    the same, K env steps captured as one CUDA graph (CUDA only)
+    mujoco-torch-graph-eager  the eager step, K env steps captured as one CUDA graph (CUDA only)
+    mujoco-torch-graph    the compiled step, K env steps captured as one CUDA graph (CUDA only)
 
 The mujoco-torch backends run in each of --dtypes (float64, MJX's precision, and float32). Their constraint
 solver runs a fixed number of iterations (`fixed_iterations=True`): a data-dependent loop cannot be captured, and
@@ -31,7 +32,10 @@ import time
 import numpy as np
 import torch
 
-BACKENDS = ("gymnasium", "envpool", "mujoco-torch-eager", "mujoco-torch-compile", "mujoco-torch-graph")
+BACKENDS = (
+    "gymnasium", "envpool", "mujoco-torch-eager", "mujoco-torch-compile", "mujoco-torch-graph-eager",
+    "mujoco-torch-graph",
+)  # fmt: skip
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 FRAME_SKIP = 5  # HalfCheetah-v4: five MuJoCo steps of 0.01 s per env step
 RESET_NOISE = 0.1  # HalfCheetah-v4's reset: qpos + U(-0.1, 0.1), qvel + 0.1 * N(0, 1)
@@ -66,7 +70,7 @@ def unavailable(backend, n, device):
     """Why a backend cannot run here at n envs, or None."""
     if backend == "gymnasium" and n > (os.cpu_count() or 1):
         return f"one process per env, and {n} envs are more than the {os.cpu_count()} cores"
-    if backend == "mujoco-torch-graph" and device.type != "cuda":
+    if backend.startswith("mujoco-torch-graph") and device.type != "cuda":
         return "CUDA graphs need CUDA"
     module = {"envpool": "envpool"}.get(backend, "mujoco_torch" if backend.startswith("mujoco-torch") else None)
     if module:
@@ -117,23 +121,25 @@ def gpu_simulator(backend, n, k, device, dtype, seed):
     qvel = dx.qvel + torch.randn(dx.qvel.shape, generator=gen, device=device, dtype=dtype) * RESET_NOISE
     state = {"data": dx.replace(qpos=qpos, qvel=qvel)}
 
+    # One MuJoCo step is what gets compiled, called FRAME_SKIP times: compiled as one function, the env step's five
+    # steps made a graph five times as large, and no compile of it finished within 5.5 min on the H100.
+    physics_step = torch.vmap(lambda d: mujoco_torch.step(mx, d, fixed_iterations=True))
+    if backend in ("mujoco-torch-compile", "mujoco-torch-graph"):
+        physics_step = torch.compile(physics_step)
+
     def env_step(d):
         d = d.replace(ctrl=torch.rand(d.ctrl.shape, device=device, dtype=dtype) * 2 - 1)
         for _ in range(FRAME_SKIP):
-            d = mujoco_torch.step(mx, d, fixed_iterations=True)
+            d = physics_step(d)
         return d
-
-    batched = torch.vmap(env_step, randomness="different")
-    if backend != "mujoco-torch-eager":
-        batched = torch.compile(batched)
 
     def call(k):
         for _ in range(k):
-            state["data"] = batched(state["data"])
+            state["data"] = env_step(state["data"])
 
-    if backend != "mujoco-torch-graph":
+    if not backend.startswith("mujoco-torch-graph"):
         return call, lambda: None
-    # K steps into one graph, after eager and compiled warm-up steps: the data the graph reads is the data its
+    # K steps into one graph, after warm-up steps: the data the graph reads is the data its
     # last step writes back.
     for _ in range(WARMUP_CALLS):
         call(1)
@@ -143,7 +149,7 @@ def gpu_simulator(backend, n, k, device, dtype, seed):
     with torch.cuda.graph(graph):
         out = static
         for _ in range(k):
-            out = batched(out)
+            out = env_step(out)
         static.copy_(out)
     return lambda k: graph.replay(), lambda: None
 
