@@ -27,6 +27,10 @@ ENVS_STATE = ("state", "elapsed", "episode_return", "ended")
 # episodes last about 20 steps, and half the envs start fewer than num_steps steps short of the time limit.
 NUM_ENVS = 12
 NUM_STEPS = {"CartPole-v1": 48, "Acrobot-v1": 24, "MountainCar-v0": 24}
+# States one step short of termination, which random Acrobot and MountainCar episodes of a few dozen steps never
+# reach: the link upright (-cos(t1) - cos(t1 + t2) is about 1.98 > 1), the car at 0.49 moving right at 0.05.
+NEAR_GOAL = {"Acrobot-v1": (3.0, 0.0, 0.0, 0.0), "MountainCar-v0": (0.49, 0.05)}
+NEAR_GOAL_ENVS = slice(NUM_ENVS // 2, NUM_ENVS // 2 + 3)
 TINY = ["--num-envs", "8", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1",
         "--total-timesteps", str(5 * 8 * 16), "--no-tensorboard"]  # fmt: skip
 
@@ -51,11 +55,15 @@ def make_pair(env_id, num_steps, device, seed=0):
     _, _, policy, _ = script.make_update_fns(agent, args)
     elapsed = torch.randint(0, physics.max_episode_steps, (NUM_ENVS,), dtype=torch.int32)
     elapsed[: NUM_ENVS // 2] = physics.max_episode_steps - torch.randint(1, num_steps, (NUM_ENVS // 2,))
+    if env_id in NEAR_GOAL:
+        elapsed[NEAR_GOAL_ENVS] = 0
     pair = []
     for make in (lambda *a: script.make_collect(policy, *a), lambda *a: script.make_fused_collect(agent, *a)):
         torch.manual_seed(seed)
         envs = script.Envs(env_id, NUM_ENVS, device)
         envs.elapsed.copy_(elapsed)
+        if env_id in NEAR_GOAL:
+            envs.state[NEAR_GOAL_ENVS] = torch.tensor(NEAR_GOAL[env_id], device=device)
         rollout = script.Rollout(num_steps, NUM_ENVS, physics.n_obs, device)
         rollout.obs[-1] = envs.observe()
         pair.append((envs, rollout, make(envs, rollout, args)))
@@ -91,7 +99,7 @@ def check_exactness(env_id, device, atol=1e-5):
     (envs_t, rollout_t, _), (envs_f, rollout_f, _) = pair
     physics = envs_t.physics
     gen = torch.Generator().manual_seed(1)
-    for _ in range(2):
+    for first in (True, False):
         uniforms = torch.rand(num_steps, NUM_ENVS, physics.n_act + physics.n_noise, generator=gen).to(device)
         collect_with_uniforms(pair, uniforms)
         for name in ROLLOUT:
@@ -101,6 +109,8 @@ def check_exactness(env_id, device, atol=1e-5):
             expected, actual = getattr(envs_t, name), getattr(envs_f, name)
             torch.testing.assert_close(actual, expected, atol=atol, rtol=atol, msg=name)
         assert rollout_t.actions.unique().numel() == physics.n_act
+        if first and env_id in NEAR_GOAL:  # terminated at the first step, far from the time limit
+            assert rollout_t.dones[1, NEAR_GOAL_ENVS].all()
     assert envs_t.ended[0].sum() >= NUM_ENVS // 2  # the envs started near their time limit have ended
 
 
