@@ -65,11 +65,13 @@ for s in "${SCRIPT_LIST[@]}"; do
   [ -f "$ROOT/leanrl/$s.py" ] || fail "no script leanrl/$s.py"
 done
 
-# Short horizons per algorithm: off-policy scripts learn from step 500 and measure the 1800 steps after their
-# WARMUP_STEPS; PPO runs 10 (continuous, 2048 steps) or 20 (Atari, 8 envs x 128 steps) iterations.
+# Short horizons per algorithm: off-policy scripts learn from step 500 and measure the 1800 steps (SAC, TD3) or
+# 12500 (DQN, a tenth of them updates) after their WARMUP_STEPS; PPO runs 10 (continuous, 2048 steps) or 20
+# (Atari, 8 envs x 128 steps) iterations.
 quick_args() {
   case "$1" in
     sac_* | td3_*) echo "--total-timesteps 2500 --learning-starts 500" ;;
+    dqn | dqn_*) echo "--total-timesteps 15000 --learning-starts 500" ;;
     ppo_*) echo "--total-timesteps 20480" ;;
     *) echo "--total-timesteps 10000" ;;
   esac

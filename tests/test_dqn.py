@@ -1,0 +1,250 @@
+"""DQN: both scripts through their update path (the twin in every mode), the TensorBoard scalars and the profile,
+twin-vs-baseline equivalence of the update, the target update and the epsilon-greedy policy, the epsilon
+schedule, a learning test on CartPole, Ctrl-C and bad input."""
+
+import numpy as np
+import pytest
+import torch
+from helpers import (
+    MODES,
+    assert_one_line_error,
+    assert_return_curve,
+    assert_same_update,
+    assert_steady,
+    assert_trace_phases,
+    load_script,
+    mode_id,
+    run_bad_input,
+    run_interrupted,
+    run_main,
+    run_main_stderr,
+    tensorboard_scalars,
+)
+
+pytestmark = pytest.mark.usefixtures("workdir")
+
+BASE, FAST = "dqn", "dqn_torchcompile"
+SCRIPTS = pytest.mark.parametrize("name", [BASE, FAST])
+# A tiny run that passes learning starts, warm-up (WARMUP_STEPS) and a measured window, with an update at every
+# step and a target update every 50.
+TINY_STEPS, TINY_LEARNING_STARTS = 2400, 200
+TINY = ["--total-timesteps", str(TINY_STEPS), "--learning-starts", str(TINY_LEARNING_STARTS), "--train-frequency",
+        "1", "--target-network-frequency", "50", "--batch-size", "32", "--buffer-size", "1000"]  # fmt: skip
+N_OBS, N_ACT, CPU = 4, 3, torch.device("cpu")
+BAD_INPUT = [
+    (["--env-id", "NoSuchEnv-v0"], ["NoSuchEnv-v0"]),
+    (["--env-id", "Pendulum-v1"], ["Pendulum-v1", "Box action space", "discrete"]),
+    (["--batch-size", "0"], ["--batch-size 0 must be positive"]),
+    (["--buffer-size", "0"], ["--buffer-size 0 must be positive"]),
+    (["--train-frequency", "0"], ["--train-frequency 0 must be positive"]),
+    (["--target-network-frequency", "-1"], ["--target-network-frequency -1 must be positive"]),
+    (["--num-envs", "4"], ["--num-envs 4", "one env"]),
+    (["--exploration-fraction", "0"], ["--exploration-fraction 0.0 must be in (0, 1]"]),
+    (["--end-e", "1.5"], ["--end-e 1.5 must be in [0, 1]"]),
+    (["--tau", "-0.1"], ["--tau -0.1 must be in [0, 1]"]),
+    (["--total-timesteps", "1000"], ["--learning-starts 10000 (the default)", "--total-timesteps 1000)"]),
+]
+
+
+def test_baseline_update_path(tmp_path, monkeypatch, capsys):
+    """The baseline through learning starts, warm-up and its fps window, with a progress tick at every step:
+    TensorBoard gets both statistics at every step from the first update on, finite, the loss positive; the
+    profile has every phase."""
+    module = load_script(BASE)
+    monkeypatch.setattr(module, "PROGRESS_SECONDS", 0.0)
+    record = run_main(BASE, TINY + ["--profile-dir", str(tmp_path / "profile")], capsys)
+    assert_steady(record, TINY_STEPS)
+    assert record["compile"] is False and record["cudagraphs"] is False
+    assert record["episodic_return"] > 0
+    assert_return_curve(record)
+    assert_trace_phases(tmp_path / "profile", BASE, env_steps_per_call=1)
+    scalars = tensorboard_scalars(BASE, "CartPole-v1")
+    for stat in module.STATS:
+        steps, values = zip(*scalars[f"losses/{stat}"])
+        assert list(steps) == list(range(TINY_LEARNING_STARTS + 1, TINY_STEPS)), stat
+        assert np.isfinite(values).all(), stat
+    assert min(value for _, value in scalars["losses/td_loss"]) > 0
+
+
+@pytest.mark.parametrize("mode", MODES, ids=mode_id)
+def test_compiled_update_path(mode, capsys):
+    """The twin through learning starts, warm-up and its fps window in each mode; its record says which flags took
+    effect, and --cudagraphs without CUDA says once that it runs without graphs."""
+    record, err = run_main_stderr(FAST, TINY + ["--no-tensorboard"] + mode, capsys)
+    assert_steady(record, TINY_STEPS)
+    assert record["compile"] == ("--compile" in mode)
+    cudagraphs = "--cudagraphs" in mode
+    assert record["cudagraphs"] == (cudagraphs and torch.cuda.is_available())
+    assert err.count("--cudagraphs needs CUDA") == (cudagraphs and not torch.cuda.is_available())
+    assert record["episodic_return"] > 0
+    assert_return_curve(record)
+
+
+def test_twin_logs_and_profiles(tmp_path, monkeypatch, capsys):
+    """The twin's statistics reach TensorBoard from its fixed tensors as the baseline's do, and its profile has
+    every phase."""
+    module = load_script(FAST)
+    monkeypatch.setattr(module, "PROGRESS_SECONDS", 0.0)
+    run_main(FAST, TINY + ["--profile-dir", str(tmp_path / "profile")], capsys)
+    assert_trace_phases(tmp_path / "profile", FAST, env_steps_per_call=1)
+    scalars = tensorboard_scalars(FAST, "CartPole-v1")
+    steps, losses = zip(*scalars["losses/td_loss"])
+    assert list(steps) == list(range(TINY_LEARNING_STARTS + 1, TINY_STEPS))
+    assert np.isfinite(losses).all() and min(losses) > 0
+    assert len(set(losses)) > 1, "the logged loss never changed: the fixed tensors are not written"
+
+
+@pytest.mark.parametrize(
+    "t, epsilon", [(0, 1.0), (250, 0.525), (499, 0.0519), (500, 0.05), (900, 0.05)], ids=lambda v: str(v)
+)
+def test_epsilon_schedule(t, epsilon):
+    """CleanRL's linear schedule, from start-e to end-e over exploration-fraction x total-timesteps steps (here
+    0.5 x 1000), then end-e; the same function in both scripts."""
+    for name in (BASE, FAST):
+        assert load_script(name).linear_schedule(1.0, 0.05, 0.5 * 1000, t) == pytest.approx(epsilon, abs=1e-6)
+
+
+@SCRIPTS
+def test_loop_follows_the_schedule(name, monkeypatch, capsys):
+    """The loop asks the schedule for every step's epsilon, over exploration-fraction x total-timesteps."""
+    module = load_script(name)
+    schedule, calls = module.linear_schedule, []
+
+    def recording(start_e, end_e, duration, t):
+        calls.append((start_e, end_e, duration, t))
+        return schedule(start_e, end_e, duration, t)
+
+    monkeypatch.setattr(module, "linear_schedule", recording)
+    argv = ["--total-timesteps", "300", "--learning-starts", "100", "--start-e", "0.8", "--end-e", "0.1",
+            "--exploration-fraction", "0.2", "--no-tensorboard"]  # fmt: skip
+    run_main(name, argv, capsys)
+    assert calls == [(0.8, 0.1, 0.2 * 300, t) for t in range(300)]
+
+
+def make_pair(compile, **kwargs):
+    """A baseline agent and a twin agent with identical parameters, the baseline's update functions, and the twin's
+    replay buffer, training step, stats, policy and act."""
+    base, fast = load_script(BASE), load_script(FAST)
+    args_b, args_f = base.Args(**kwargs), fast.Args(**kwargs, compile=compile)
+    torch.manual_seed(0)
+    agent_b, agent_f = base.Agent(args_b, N_OBS, N_ACT, CPU), fast.Agent(args_f, N_OBS, N_ACT, CPU)
+    agent_f.q_network.load_state_dict(agent_b.q_network.state_dict())
+    # A target apart from the live network, so that the target update shows.
+    with torch.no_grad():
+        for target in (agent_b.target_network, agent_f.target_network):
+            for p, seed_p in zip(target.parameters(), agent_b.q_network.parameters()):
+                p.copy_(seed_p * 0.5 - 0.01)
+    rb = fast.ReplayBuffer(64, 32, N_OBS, CPU)
+    update_f, update_target_f, policy_f = fast.make_update_fns(agent_f, args_f, rb.fields)
+    train_f, stats_f = fast.make_train_step(rb, update_f, update_target_f, args_f)
+    act_f = fast.make_act(policy_f, args_f, N_OBS, CPU)
+    return agent_b, base.make_update_fns(agent_b, args_b), agent_f, rb, train_f, stats_f, policy_f, act_f
+
+
+def trained_state(agent_b, agent_f):
+    """Every trained tensor of both agents as (name, baseline tensor, twin tensor)."""
+    return [
+        (f"{net}.{name}", p_b, p_f)
+        for net in ("q_network", "target_network")
+        for (name, p_b), p_f in zip(getattr(agent_b, net).named_parameters(), getattr(agent_f, net).parameters())
+    ]
+
+
+@pytest.mark.parametrize(
+    "compile, tau", [(False, 1.0), (False, 0.3), (True, 0.3)], ids=["eager", "eager-tau0.3", "compile-tau0.3"]
+)
+@pytest.mark.usefixtures("eager_random")
+def test_equivalence_with_baseline(compile, tau):
+    """Same parameters and batches: each training step of the twin (store, sample, TD update, every other step
+    the target update) gives the loss, the Q values and the parameters of the baseline's update on the batch it
+    sampled. Then the policy acts epsilon-greedily as expected, and make_act's round trip with it."""
+    agent_b, (update_b, update_target_b), agent_f, rb, train_f, stats_f, policy_f, act_f = make_pair(compile, tau=tau)
+    rng = np.random.default_rng(1)
+
+    def stage():
+        obs, next_obs = rng.standard_normal(N_OBS), rng.standard_normal(N_OBS)
+        rb.stage(obs, next_obs, rng.integers(N_ACT), rng.standard_normal(), float(rng.random() < 0.2))
+
+    for _ in range(8):
+        stage()
+        rb.push()
+    fixed = {name: value.data_ptr() for name, value in stats_f.items()}
+    initial = [(name, p_b.detach().clone()) for name, p_b, _ in trained_state(agent_b, agent_f)]
+    for i in range(6):
+        stage()
+        target_update = i % 2 == 1
+        torch.manual_seed(i)
+        train_f(True, target_update)
+        torch.manual_seed(i)
+        idx = torch.randint(0, 2**62, (len(rb.batch),)) % (9 + i)
+        assert torch.equal(rb.storage[8 + i], rb.row[0]), "the staged transition was not stored"
+        assert torch.equal(rb.batch, rb.storage[idx]), "the batch is not the sample the draw says"
+        obs, actions, rewards, next_obs, dones = (field.clone() for field in rb.fields)
+        stats_b = update_b(obs, actions.long(), rewards, next_obs, dones)
+        if target_update:
+            update_target_b()
+        tol = 1e-5 if i == 0 else 1e-3  # later updates carry the drift Adam amplifies
+        for name, value in stats_b.items():
+            torch.testing.assert_close(stats_f[name], value, atol=tol, rtol=tol, msg=name)
+        for (name, before), (_, p_b, p_f) in zip(initial, trained_state(agent_b, agent_f), strict=True):
+            assert_same_update(before, p_b.detach(), p_f.detach(), name=name)
+    assert {name: value.data_ptr() for name, value in stats_f.items()} == fixed
+    for (name, before), (_, _, p_f) in zip(initial, trained_state(agent_b, agent_f), strict=True):
+        assert not torch.equal(before, p_f), f"{name} never changed"
+    if tau == 1.0:
+        for p, target in zip(agent_f.q_network.parameters(), agent_f.target_network.parameters()):
+            assert torch.equal(p, target), "tau 1: the target update copies the Q network"
+    check_policy(agent_f.q_network, policy_f, act_f, rb.fields[0])
+
+
+def check_policy(q_network, policy, act, obs):
+    """Epsilon 0: the greedy action of the trained Q network. Epsilon 1: the random action the draws after a seed
+    say. In between: the draw against epsilon picks one of the two. No autograd graph; make_act's round trip
+    (pinned copies, under --cudagraphs captured with the policy) acts the same."""
+    for seed in range(6):
+        one = obs[seed : seed + 1]
+        epsilon = (0.0, 1.0, 0.5)[seed % 3]
+        torch.manual_seed(seed)
+        explore = torch.rand(1) < epsilon
+        random_action = torch.randint(0, N_ACT, (1,))
+        with torch.no_grad():
+            greedy = q_network(one).argmax(dim=1)
+        want = torch.where(explore, random_action, greedy)
+        torch.manual_seed(seed)
+        action = policy(one, torch.tensor([epsilon]))
+        assert not action.requires_grad and action.dtype == torch.long
+        assert torch.equal(action, want), (seed, epsilon)
+        torch.manual_seed(seed)
+        assert act(one[0].numpy(), epsilon) == int(want[0])
+
+
+def test_learns_cartpole_baseline(capsys):
+    """Tuned-down hyperparameters: 10000 steps lift CartPole from about 22 (random) to 210-280 (seeds 1 and 2);
+    the update with its loss's sign flipped stays at 9-14."""
+    check_learns(BASE, capsys)
+
+
+def test_learns_cartpole_twin(capsys):
+    """The same for the twin (eager): 329 seen, 10 with the sign flipped."""
+    check_learns(FAST, capsys)
+
+
+def check_learns(name, capsys):
+    argv = ["--total-timesteps", "10000", "--learning-starts", "1000", "--train-frequency", "2",
+            "--target-network-frequency", "100", "--batch-size", "64", "--learning-rate", "1e-3",
+            "--exploration-fraction", "0.3", "--no-tensorboard"]  # fmt: skip
+    record = run_main(name, argv, capsys)
+    assert record["episodic_return"] > 100
+    assert_return_curve(record)
+
+
+@SCRIPTS
+def test_ctrl_c_ends_with_the_record(name, capsys, monkeypatch):
+    run_interrupted(name, TINY + ["--no-tensorboard"], 40, capsys, monkeypatch)
+
+
+@SCRIPTS
+@pytest.mark.parametrize("argv, fragments", BAD_INPUT, ids=[" ".join(argv) for argv, _ in BAD_INPUT])
+def test_bad_input(name, argv, fragments, capsys):
+    """One error line and exit code 2, before any training."""
+    assert_one_line_error(run_bad_input(name, argv, capsys), *fragments)
