@@ -36,6 +36,8 @@ class Args:
     """seed of the experiment"""
     total_timesteps: int = 1000000
     """total timesteps of the experiment"""
+    num_envs: int = 1
+    """the number of parallel environments"""
     learning_rate: float = 3e-4
     """the learning rate of the optimizer"""
     buffer_size: int = 1000000
@@ -201,9 +203,13 @@ def restore_rng_states(states):
 
 
 def check_args(args, argv):
-    for name in ("total_timesteps", "buffer_size", "batch_size", "policy_frequency"):
+    for name in ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency"):
         if getattr(args, name) <= 0:
             fail(f"{flag(args, name, argv)} must be positive")
+    if args.total_timesteps % args.num_envs:
+        fail(f"{flag(args, 'total_timesteps', argv)} must be a multiple of {flag(args, 'num_envs', argv)}")
+    if args.buffer_size < args.num_envs:
+        fail(f"{flag(args, 'buffer_size', argv)} is below {flag(args, 'num_envs', argv)}: each step stores one per env")
     for name in ("policy_noise", "exploration_noise", "noise_clip"):
         if getattr(args, name) < 0:
             fail(f"{flag(args, name, argv)} must not be negative")
@@ -230,11 +236,13 @@ def make_env(env_id, seed, video=None):
     return thunk
 
 
-def make_envs(env_id, seed, video=None):
-    """One env in a vector env that resets in the same step, so the true final observation comes in infos."""
+def make_envs(env_id, seed, num_envs, video=None):
+    """num_envs envs in a vector env that resets in the same step, so the true final observation comes in infos;
+    env 0 records the video, as in CleanRL."""
     try:
         envs = gym.vector.SyncVectorEnv(
-            [make_env(env_id, seed, video)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+            [make_env(env_id, seed + i, video if i == 0 else None) for i in range(num_envs)],
+            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
         )
     except gym.error.Error as e:
         fail(f"cannot make env {env_id!r}: {e}")
@@ -355,14 +363,17 @@ class ReplayBuffer:
         self.dones = np.zeros(size, dtype=np.float32)
         self.max_size, self.ptr, self.size, self.device = size, 0, 0, device
 
-    def add(self, obs, next_obs, action, reward, done):
-        self.obs[self.ptr] = obs
-        self.next_obs[self.ptr] = next_obs
-        self.actions[self.ptr] = action
-        self.rewards[self.ptr] = reward
-        self.dones[self.ptr] = done
-        self.ptr = (self.ptr + 1) % self.max_size
-        self.size = min(self.size + 1, self.max_size)
+    def add(self, obs, next_obs, actions, rewards, dones):
+        """One transition per env, in rows."""
+        n = len(obs)
+        rows = (self.ptr + np.arange(n)) % self.max_size
+        self.obs[rows] = obs
+        self.next_obs[rows] = next_obs
+        self.actions[rows] = actions
+        self.rewards[rows] = rewards
+        self.dones[rows] = dones
+        self.ptr = (self.ptr + n) % self.max_size
+        self.size = min(self.size + n, self.max_size)
 
     def state(self):
         """The filled part, and where the next transition goes."""
@@ -787,7 +798,7 @@ def evaluate(args, meter, checkpoint):
     """--eval-checkpoint: the saved actor's action, without exploration noise, on a fresh env, --eval-episodes."""
     video = (os.path.join("videos", meter.run_name), lambda episode: episode < args.eval_episodes)
     video = video if args.capture_video else None
-    envs = make_envs(args.env_id, args.seed, video)
+    envs = make_envs(args.env_id, args.seed, 1, video)
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(np.prod(envs.single_action_space.shape))
     space = envs.single_action_space
@@ -809,10 +820,10 @@ def train(args, meter, checkpoint):
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
-    device, phase = meter.device, meter.phase
+    device, phase, n_envs = meter.device, meter.phase, args.num_envs
 
     video = (os.path.join("videos", meter.run_name), None) if args.capture_video else None  # CleanRL's schedule
-    envs = make_envs(args.env_id, args.seed, video)
+    envs = make_envs(args.env_id, args.seed, args.num_envs, video)
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(np.prod(envs.single_action_space.shape))
     space = envs.single_action_space
@@ -824,8 +835,13 @@ def train(args, meter, checkpoint):
     obs, _ = envs.reset(seed=args.seed)
     if checkpoint is not None:
         obs = restore_run(checkpoint["state"], agent, rb, envs, obs, stats)
-    first_step = meter.start(checkpoint, args.total_timesteps, args.learning_starts, WARMUP_STEPS, PROFILE_STEPS, 1)
-    for global_step in range(first_step, args.total_timesteps):
+    first_step = meter.start(
+        checkpoint, args.total_timesteps, args.learning_starts, WARMUP_STEPS, PROFILE_STEPS, n_envs
+    )
+    # global_step counts env steps, n_envs per vector step; the update schedule counts vector steps, as CleanRL's
+    # global_step does: one gradient step per vector step.
+    for global_step in range(first_step, args.total_timesteps, n_envs):
+        vector_step = global_step // n_envs
         meter.unit(global_step)
         with phase("policy"):
             if global_step < args.learning_starts:
@@ -833,7 +849,8 @@ def train(args, meter, checkpoint):
             else:
                 with torch.no_grad():
                     actions = agent.actor(torch.as_tensor(obs, device=device, dtype=torch.float32))
-                    actions += torch.normal(0, agent.actor.action_scale * args.exploration_noise)
+                    # Noise of its own for each env.
+                    actions += torch.normal(0, (agent.actor.action_scale * args.exploration_noise).expand_as(actions))
                     actions = actions.cpu().numpy().clip(space.low, space.high)
 
         with phase("env_step"):
@@ -847,7 +864,7 @@ def train(args, meter, checkpoint):
                     real_next_obs[i] = infos["final_obs"][i]
                     episode = infos["final_info"]["episode"]
                     meter.episode(global_step, episode["r"][i], episode["l"][i])
-            rb.add(obs[0], real_next_obs[0], actions[0], rewards[0], terminations[0])
+            rb.add(obs, real_next_obs, actions, rewards, terminations)
             obs = next_obs
 
         if global_step >= args.learning_starts:
@@ -855,14 +872,16 @@ def train(args, meter, checkpoint):
                 obs_b, actions_b, rewards_b, next_obs_b, dones_b = rb.sample(args.batch_size)
             with phase("update"):
                 stats.update(update_critic(obs_b, actions_b, rewards_b, next_obs_b, dones_b))
-                if global_step % args.policy_frequency == 0:  # delayed policy and target updates
+                if vector_step % args.policy_frequency == 0:  # delayed policy and target updates
                     stats.update(update_actor_and_targets(obs_b))
 
         with phase("other"):
-            if meter.tick(global_step + 1) and global_step >= args.learning_starts + args.policy_frequency:
+            # By then an actor update has run: its statistics exist.
+            logged = global_step >= args.learning_starts + args.policy_frequency * n_envs
+            if meter.tick(global_step + n_envs) and logged:
                 meter.log(global_step, {f"losses/{name}": stats[name] for name in STATS})
-            final = global_step + 1 == args.total_timesteps
-            meter.checkpoint(global_step + 1, lambda: run_state(agent, rb, envs, obs, stats), final)
+            final = global_step + n_envs == args.total_timesteps
+            meter.checkpoint(global_step + n_envs, lambda: run_state(agent, rb, envs, obs, stats), final)
     envs.close()
 
 

@@ -40,6 +40,8 @@ class Args:
     """seed of the experiment"""
     total_timesteps: int = 1000000
     """total timesteps of the experiment"""
+    num_envs: int = 1
+    """the number of parallel environments"""
     learning_rate: float = 3e-4
     """the learning rate of the optimizer"""
     buffer_size: int = 1000000
@@ -208,9 +210,13 @@ def restore_rng_states(states):
 
 
 def check_args(args, argv):
-    for name in ("total_timesteps", "buffer_size", "batch_size", "policy_frequency"):
+    for name in ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency"):
         if getattr(args, name) <= 0:
             fail(f"{flag(args, name, argv)} must be positive")
+    if args.total_timesteps % args.num_envs:
+        fail(f"{flag(args, 'total_timesteps', argv)} must be a multiple of {flag(args, 'num_envs', argv)}")
+    if args.buffer_size < args.num_envs:
+        fail(f"{flag(args, 'buffer_size', argv)} is below {flag(args, 'num_envs', argv)}: each step stores one per env")
     for name in ("policy_noise", "exploration_noise", "noise_clip"):
         if getattr(args, name) < 0:
             fail(f"{flag(args, name, argv)} must not be negative")
@@ -237,10 +243,26 @@ def make_env(env_id, seed, video=None):
     return thunk
 
 
+def make_envs(env_id, seed, num_envs, video=None):
+    """num_envs envs in a vector env that resets in the same step, so the true final observation comes in infos;
+    env 0 records the video, as in CleanRL."""
+    try:
+        envs = gym.vector.SyncVectorEnv(
+            [make_env(env_id, seed + i, video if i == 0 else None) for i in range(num_envs)],
+            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+        )
+    except gym.error.Error as e:
+        fail(f"cannot make env {env_id!r}: {e}")
+    if not isinstance(envs.single_action_space, gym.spaces.Box):
+        fail(f"{env_id} has a {type(envs.single_action_space).__name__} action space; TD3 needs a continuous (Box) one")
+    return envs
+
+
 def make_single_env(env_id, seed, video=None):
-    """The baseline's one env without the vector env around it: for one env, the vector env's batching and info
-    merging cost about as much host time as a MuJoCo step. The loop resets the env in the step that ends an
-    episode, as the baseline's vector env does (same-step autoreset), so both see the same transitions."""
+    """With --num-envs 1, the baseline's one env without the vector env around it: for one env, the vector env's
+    batching and info merging cost about as much host time as a MuJoCo step. single_env_step resets the env in
+    the step that ends an episode, as the baseline's vector env does (same-step autoreset), so both see the same
+    transitions."""
     try:
         env = make_env(env_id, seed, video)()
     except gym.error.Error as e:
@@ -251,9 +273,43 @@ def make_single_env(env_id, seed, video=None):
 
 
 def vector_view(env):
-    """The one env as env_state and restore_env_state take a vector env (they are the baseline's): its only env,
-    whose action space is the one the loop samples."""
-    return types.SimpleNamespace(envs=[env], action_space=env.action_space)
+    """The one env as the loop, env_state and restore_env_state take a vector env (the last two are the
+    baseline's): its only env, whose spaces are the vector env's, and its reset and close."""
+    return types.SimpleNamespace(
+        envs=[env], action_space=env.action_space, single_action_space=env.action_space,
+        single_observation_space=env.observation_space, reset=env.reset, close=env.close,
+    )  # fmt: skip
+
+
+def single_env_step(env):
+    """step(action) for make_single_env's env: (the observation the next step starts from, the true next
+    observation, reward, termination, the episodes that ended as [(return, length)]). The env resets in the step
+    that ends an episode."""
+
+    def step(action):
+        next_obs, reward, termination, truncation, info = env.step(action)
+        if not (termination or truncation):
+            return next_obs, next_obs, reward, termination, []
+        reset_obs, _ = env.reset()
+        return reset_obs, next_obs, reward, termination, [(info["episode"]["r"], info["episode"]["l"])]
+
+    return step
+
+
+def vector_env_step(envs):
+    """step(actions) as single_env_step's, for make_envs' vector env: one row per env."""
+
+    def step(actions):
+        next_obs, rewards, terminations, _, infos = envs.step(actions)
+        real_next_obs, episodes = next_obs.copy(), []
+        if "final_obs" in infos:
+            episode = infos["final_info"]["episode"]
+            for i in np.flatnonzero(infos["_final_obs"]):
+                real_next_obs[i] = infos["final_obs"][i]
+                episodes.append((episode["r"][i], episode["l"][i]))
+        return next_obs, real_next_obs, rewards, terminations, episodes
+
+    return step
 
 
 def saved_value(value):
@@ -361,32 +417,34 @@ class ReplayBuffer:
     """Transitions as rows of one preallocated tensor on the device, sampled uniformly with replacement there
     into one fixed batch tensor, which the updates read: a captured update then has no inputs to copy.
 
-    A row is [obs, action, reward, next_obs, done]. Adding a transition is two parts: `stage` copies the row
-    to the device (host work), `push` stores it (device work only, so a captured training step does it). The
-    write position and the size are device tensors, for the same reason.
+    A row is [obs, action, reward, next_obs, done], and each env step adds one per env. Adding them is two
+    parts: `stage` copies the rows to the device (host work), `push` stores them (device work only, so a captured
+    training step does it). The write positions and the size are device tensors, for the same reason.
     """
 
-    def __init__(self, size, batch_size, n_obs, n_act, device):
+    def __init__(self, size, batch_size, num_envs, n_obs, n_act, device):
         widths = [n_obs, n_act, 1, n_obs, 1]
         self.storage = torch.zeros(size, sum(widths), device=device)
-        self.row = torch.zeros(1, sum(widths), device=device)
+        self.rows = torch.zeros(num_envs, sum(widths), device=device)
         self.batch = torch.zeros(batch_size, sum(widths), device=device)
         obs, actions, rewards, next_obs, dones = self.batch.split(widths, dim=1)
         # Views into self.batch: each sample overwrites what they show.
         self.fields = (obs, actions, rewards.squeeze(1), next_obs, dones.squeeze(1))
-        self.ptr = torch.zeros(1, dtype=torch.long, device=device)
+        self.ptr = torch.arange(num_envs, device=device)  # the row each env's next transition goes to
         self.size = torch.zeros(1, dtype=torch.long, device=device)
         self.max_size, self.device = size, device
 
-    def stage(self, obs, next_obs, action, reward, done):
-        row = np.concatenate([obs, action, [reward], next_obs, [done]], dtype=np.float32)
-        # From pageable memory: the copy has read `row` when it returns.
-        self.row.copy_(torch.from_numpy(row)[None], non_blocking=True)
+    def stage(self, obs, next_obs, actions, rewards, dones):
+        """One env's transition (1-d observations), or one per env (rows)."""
+        parts = [obs, actions, np.asarray(rewards)[..., None], next_obs, np.asarray(dones)[..., None]]
+        rows = np.concatenate(parts, axis=-1, dtype=np.float32)
+        # From pageable memory: the copy has read `rows` when it returns.
+        self.rows.copy_(torch.from_numpy(rows).view_as(self.rows), non_blocking=True)
 
     def push(self):
-        self.storage.index_copy_(0, self.ptr, self.row)
-        self.ptr.add_(1).remainder_(self.max_size)
-        self.size.add_(1).clamp_(max=self.max_size)
+        self.storage.index_copy_(0, self.ptr, self.rows)
+        self.ptr.add_(len(self.rows)).remainder_(self.max_size)
+        self.size.add_(len(self.rows)).clamp_(max=self.max_size)
 
     def sample(self):
         # Uniform over the stored rows with the size on the device: 62-bit draws reduced modulo the size
@@ -397,12 +455,12 @@ class ReplayBuffer:
     def state(self):
         """The filled rows, and where the next transition goes."""
         size = int(self.size)
-        return {"storage": self.storage[:size].to("cpu", copy=True), "ptr": int(self.ptr), "size": size}
+        return {"storage": self.storage[:size].to("cpu", copy=True), "ptr": int(self.ptr[0]), "size": size}
 
     def restore(self, state):
         # In place: captured graphs and compiled functions hold these very tensors.
         self.storage[: state["size"]].copy_(state["storage"])
-        self.ptr.fill_(state["ptr"])
+        self.ptr.copy_(torch.arange(len(self.rows)).add_(state["ptr"]).remainder_(self.max_size))
         self.size.fill_(state["size"])
 
 
@@ -532,10 +590,10 @@ def make_update_fns(agent, args, batch):
 
 
 def make_train_step(rb, update_critic, update_actor_and_targets, args):
-    """train_step(actor_update): what follows an env step once learning has started. It stores the staged
-    transition, samples a batch, updates the critic, then the actor and the targets if asked. With
-    --cudagraphs each kind of step is one captured graph: one replay per env step. The latest value of each of
-    STATS lands in `stats`, fixed device tensors."""
+    """train_step(actor_update): what follows a (vector) env step once learning has started. It stores the
+    staged transitions (one per env), samples a batch, updates the critic, then the actor and the targets if
+    asked. With --cudagraphs each kind of step is one captured graph: one replay per vector step. The latest
+    value of each of STATS lands in `stats`, fixed device tensors."""
     stats = {name: torch.zeros((), device=rb.device) for name in STATS}
 
     def step(actor_update):
@@ -560,15 +618,15 @@ def make_train_step(rb, update_critic, update_actor_and_targets, args):
 
 
 def make_act(policy, args, n_obs, n_act, device):
-    """act(obs) -> action, numpy arrays in and out, for one env.
+    """act(obs) -> action, numpy arrays in and out: one env's (1-d), or one row per env of --num-envs.
 
     The observation reaches a fixed device tensor through pinned host memory, and the action comes back the
     same way. With --cudagraphs both copies are part of the captured graph: acting costs one replay and one
     wait for the device."""
     pinned = device.type == "cuda"
-    obs_host = torch.zeros(1, n_obs, pin_memory=pinned)
-    obs_device = torch.zeros(1, n_obs, device=device)
-    action_host = torch.zeros(1, n_act, pin_memory=pinned)
+    obs_host = torch.zeros(args.num_envs, n_obs, pin_memory=pinned)
+    obs_device = torch.zeros(args.num_envs, n_obs, device=device)
+    action_host = torch.zeros(args.num_envs, n_act, pin_memory=pinned)
 
     def staged():
         obs_device.copy_(obs_host, non_blocking=True)
@@ -578,11 +636,11 @@ def make_act(policy, args, n_obs, n_act, device):
         staged = CudaGraphModule(staged, warmup=3 if args.compile else 2)
 
     def act(obs):
-        obs_host.numpy()[0] = obs  # the previous act's copies are done: it waited for them
+        obs_host.numpy()[:] = obs  # the previous act's copies are done: it waited for them
         staged()
         if pinned:
             torch.cuda.current_stream(device).synchronize()
-        return action_host.numpy()[0].copy()
+        return action_host.numpy().reshape(np.shape(obs)[:-1] + (n_act,)).copy()
 
     return act
 
@@ -928,51 +986,59 @@ def train(args, meter, checkpoint):
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
-    device, phase = meter.device, meter.phase
+    device, phase, n_envs = meter.device, meter.phase, args.num_envs
 
     video = (os.path.join("videos", meter.run_name), None) if args.capture_video else None  # CleanRL's schedule
-    env = make_single_env(args.env_id, args.seed, video)
-    n_obs = int(np.prod(env.observation_space.shape))
-    n_act = int(np.prod(env.action_space.shape))
-    space = env.action_space
+    if n_envs == 1:
+        env = make_single_env(args.env_id, args.seed, video)
+        envs, step = vector_view(env), single_env_step(env)
+    else:
+        envs = make_envs(args.env_id, args.seed, n_envs, video)
+        step = vector_env_step(envs)
+    n_obs = int(np.prod(envs.single_observation_space.shape))
+    n_act = int(np.prod(envs.single_action_space.shape))
+    space = envs.single_action_space
     agent = Agent(args, n_obs, n_act, space.low, space.high, device)
-    rb = ReplayBuffer(args.buffer_size, args.batch_size, n_obs, n_act, device)
+    rb = ReplayBuffer(args.buffer_size, args.batch_size, n_envs, n_obs, n_act, device)
     update_critic, update_actor_and_targets, policy = make_update_fns(agent, args, rb.fields)
     train_step, stats = make_train_step(rb, update_critic, update_actor_and_targets, args)
     act = make_act(policy, args, n_obs, n_act, device)
 
-    envs = vector_view(env)
-    obs, _ = env.reset(seed=args.seed)
+    obs, _ = envs.reset(seed=args.seed)
     next_action = None
     if checkpoint is not None:
         obs, next_action = restore_run(checkpoint["state"], agent, rb, envs, obs, stats)
-    first_step = meter.start(checkpoint, args.total_timesteps, args.learning_starts, WARMUP_STEPS, PROFILE_STEPS, 1)
-    for global_step in range(first_step, args.total_timesteps):
+    first_step = meter.start(
+        checkpoint, args.total_timesteps, args.learning_starts, WARMUP_STEPS, PROFILE_STEPS, n_envs
+    )
+    # global_step counts env steps, n_envs per vector step; the update schedule counts vector steps, as CleanRL's
+    # global_step does: one gradient step per vector step.
+    for global_step in range(first_step, args.total_timesteps, n_envs):
+        vector_step = global_step // n_envs
         meter.unit(global_step)
         with phase("policy"):
             if global_step < args.learning_starts:
-                action = env.action_space.sample()
+                actions = envs.action_space.sample()
             elif next_action is not None:  # chosen ahead, before the last (critic-only) update
-                action, next_action = next_action, None
+                actions, next_action = next_action, None
             else:
-                action = act(obs)
+                actions = act(obs)
 
         with phase("env_step"):
-            next_obs, reward, termination, truncation, info = env.step(action)
+            next_obs, real_next_obs, rewards, terminations, episodes = step(actions)
 
         with phase("data"):
-            # The transition keeps the true final observation; then the env resets in the same step.
-            rb.stage(obs, next_obs, action, reward, termination)
-            if termination or truncation:
-                meter.episode(global_step, info["episode"]["r"], info["episode"]["l"])
-                next_obs, _ = env.reset()
+            # A finished episode's last transition keeps its true final observation.
+            rb.stage(obs, real_next_obs, actions, rewards, terminations)
+            for episodic_return, length in episodes:
+                meter.episode(global_step, episodic_return, length)
             obs = next_obs
 
         if global_step < args.learning_starts:
             with phase("data"):
                 rb.push()
         else:
-            actor_update = global_step % args.policy_frequency == 0
+            actor_update = vector_step % args.policy_frequency == 0
             if not actor_update:
                 # This update leaves the actor as it is: act for the next step now, so that the env steps
                 # while the device runs the critic update. At the last step too: a run resumed from its
@@ -983,11 +1049,13 @@ def train(args, meter, checkpoint):
                 train_step(actor_update)
 
         with phase("other"):
-            if meter.tick(global_step + 1) and global_step >= args.learning_starts + args.policy_frequency:
+            # By then an actor update has run: its statistics exist.
+            logged = global_step >= args.learning_starts + args.policy_frequency * n_envs
+            if meter.tick(global_step + n_envs) and logged:
                 meter.log(global_step, {f"losses/{name}": stats[name] for name in STATS})
-            final = global_step + 1 == args.total_timesteps
-            meter.checkpoint(global_step + 1, lambda: run_state(agent, rb, envs, obs, stats, next_action), final)
-    env.close()
+            final = global_step + n_envs == args.total_timesteps
+            meter.checkpoint(global_step + n_envs, lambda: run_state(agent, rb, envs, obs, stats, next_action), final)
+    envs.close()
 
 
 def main(argv=None):

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Callable
 
+import gymnasium as gym
 import numpy as np
 import torch
 from helpers import (
@@ -38,7 +39,14 @@ BAD_INPUT = [
     # Values the user did not pass are named as defaults.
     (["--total-timesteps", "1000"], ["--learning-starts", "(the default)", "--total-timesteps 1000)"]),
     (["--learning-starts", "2000000"], ["--learning-starts 2000000 ", "--total-timesteps 1000000 (the default)"]),
+    (["--num-envs", "0"], ["--num-envs 0 must be positive"]),
+    (["--num-envs", "3", "--total-timesteps", "1000"], ["--total-timesteps 1000 must be a multiple of --num-envs 3"]),
+    (["--num-envs", "8", "--buffer-size", "4"], ["--buffer-size 4 is below --num-envs 8"]),
 ]
+# The envs of the --num-envs tests, on Pendulum-v1: its episodes end by truncation at PENDULUM_STEPS, in every env
+# at the same vector step.
+NUM_ENVS, PENDULUM_STEPS = 4, 200
+PENDULUM = ["--env-id", "Pendulum-v1", "--num-envs", str(NUM_ENVS)]
 # Bounds of different widths and centres, so that a clamp to one scalar bound would show.
 N_OBS, N_ACT = 5, 2
 LOW, HIGH = np.array([-1.0, -2.0]), np.array([1.0, 3.0])
@@ -125,7 +133,7 @@ def make_pair(algo, compile, cudagraphs, device, **kwargs):
                 params[name].copy_(value)
     fns_b = base.make_update_fns(agent_b, args_b)
     # The twin's updates read their batch from its replay buffer's fixed batch tensors.
-    rb = fast.ReplayBuffer(64, 32, N_OBS, N_ACT, device)
+    rb = fast.ReplayBuffer(64, 32, 1, N_OBS, N_ACT, device)
     *updates_f, policy_f = fast.make_update_fns(agent_f, args_f, rb.fields)
     train_f, stats_f = fast.make_train_step(rb, *updates_f, args_f)
     return SimpleNamespace(
@@ -176,7 +184,7 @@ def twin_training_steps(train, rb, steps, *flags):
         torch.manual_seed(i)
         stored = 9 + i
         idx = torch.randint(0, 2**62, (len(rb.batch),), device=rb.device) % stored
-        assert torch.equal(rb.storage[stored - 1], rb.row[0]), "the staged transition was not stored"
+        assert torch.equal(rb.storage[stored - 1], rb.rows[0]), "the staged transition was not stored"
         assert torch.equal(rb.batch, rb.storage[idx]), "the batch is not the sample the draw says"
         yield i, actor_update, tuple(field.clone() for field in rb.fields)
 
@@ -307,7 +315,7 @@ def check_buffer_samples_stored_rows(algo):
     """A twin's replay buffer samples, into its fixed batch, only the rows it holds (the last 10 of 13 added to a
     buffer of 10), and all of them; its fields show each row's parts, the scalars as 1-d views."""
     module = load_script(algo.fast)
-    rb = module.ReplayBuffer(10, 256, 3, 2, torch.device("cpu"))
+    rb = module.ReplayBuffer(10, 256, 1, 3, 2, torch.device("cpu"))
     stored = []
     for i in range(13):
         obs, next_obs, action = np.full(3, i), np.full(3, 100 + i), np.full(2, 200 + i)
@@ -328,6 +336,26 @@ def check_buffer_samples_stored_rows(algo):
     assert actions.shape == (256, 2) and rewards.data_ptr() == rb.batch[:, 5].data_ptr()
 
 
+def run_keeping_buffer(name, argv, monkeypatch, capsys):
+    """Run a script; return its record and its replay buffer."""
+    module, buffers = load_script(name), []
+
+    class Recording(module.ReplayBuffer):
+        def __init__(self, *args):
+            super().__init__(*args)
+            buffers.append(self)
+
+    monkeypatch.setattr(module, "ReplayBuffer", Recording)
+    return run_main(name, argv, capsys), buffers[0]
+
+
+def stored_rows(rb):
+    """The transitions a replay buffer of either script holds, as rows [obs, action, reward, next_obs, done]."""
+    if hasattr(rb, "storage"):  # the twin's
+        return rb.storage[: int(rb.size)].cpu().numpy()
+    return np.concatenate([rb.obs, rb.actions, rb.rewards[:, None], rb.next_obs, rb.dones[:, None]], axis=1)[: rb.size]
+
+
 def check_stores_the_baseline_transitions(algo, monkeypatch, capsys):
     """The twin's single env (reset in the step that ends an episode) and its replay buffer store the baseline's
     transitions bit for bit: the same observations, random actions, rewards and dones, and the true final
@@ -336,24 +364,15 @@ def check_stores_the_baseline_transitions(algo, monkeypatch, capsys):
     record says so and measures fps over the whole loop."""
     argv = ["--env-id", "Pendulum-v1", "--total-timesteps", "450", "--learning-starts", "449", "--batch-size", "8",
             "--no-tensorboard"]  # fmt: skip
-    buffers, records = {}, {}
+    rows, records = {}, {}
     for name in (algo.base, algo.fast):
-        module = load_script(name)
-
-        class Recording(module.ReplayBuffer):
-            def __init__(self, *args):
-                super().__init__(*args)
-                buffers[name] = self
-
-        monkeypatch.setattr(module, "ReplayBuffer", Recording)
-        records[name] = run_main(name, argv, capsys)
+        records[name], rb = run_keeping_buffer(name, argv, monkeypatch, capsys)
+        rows[name] = stored_rows(rb)
         assert records[name]["steady"] is False and records[name]["total_timesteps"] == 450
         # Over the loop alone: at least the fps over the whole run, set-up included.
         assert records[name]["fps"] >= records[name]["fps_overall"]
-    b, f = buffers[algo.base], buffers[algo.fast]
-    rows_b = np.concatenate([b.obs, b.actions, b.rewards[:, None], b.next_obs, b.dones[:, None]], axis=1)[:450]
-    rows_f = f.storage.cpu().numpy()[:450]
-    assert int(f.size) == 450
+    rows_b, rows_f = rows[algo.base], rows[algo.fast]
+    assert len(rows_b) == len(rows_f) == 450
     np.testing.assert_array_equal(rows_f[:449], rows_b[:449])  # the last step acts with the policy
     np.testing.assert_array_equal(rows_f[449, :3], rows_b[449, :3])
     # Where the first episode ended, the stored next observation is the final one, not the reset one.
@@ -369,3 +388,90 @@ def check_interrupted(name, capsys, monkeypatch):
     --torch-threads takes effect (run_main checks the record's count; a run without updates, so that two threads
     on a busy machine cost nothing)."""
     run_interrupted(name, TINY + ["--no-tensorboard", "--torch-threads", "2"], 40, capsys, monkeypatch)
+
+
+def check_num_envs_update_path(algo, name, mode, monkeypatch, capsys):
+    """--num-envs 4 on Pendulum through learning starts, warm-up and the fps window, in one of MODES (the baseline
+    in none): the record counts env steps, 4 per vector step, and (where no CUDA graph replays the updates) each
+    vector step from learning starts on makes one critic update, every --policy-frequency-th one an actor update,
+    as CleanRL counts its steps."""
+    module = load_script(name)
+    make_update_fns, calls = module.make_update_fns, []
+
+    def counted(fn):
+        def call(*args):
+            calls.append(fn)
+            return fn(*args)
+
+        return call
+
+    def counting_update_fns(*args):
+        critic, actor, *others = make_update_fns(*args)
+        return counted(critic), counted(actor), *others
+
+    monkeypatch.setattr(module, "make_update_fns", counting_update_fns)
+    argv = TINY + PENDULUM
+    record = run_main(name, argv, capsys) if name == algo.base else run_mode(name, argv, mode, capsys)
+    assert_steady(record, TINY_STEPS)
+    if not record["cudagraphs"]:
+        vector_steps = range(TINY_LEARNING_STARTS // NUM_ENVS, TINY_STEPS // NUM_ENVS)
+        actor_steps = [step for step in vector_steps if step % module.Args.policy_frequency == 0]
+        assert len(calls) == len(vector_steps) + len(actor_steps)
+        assert len(set(calls)) == 2
+
+
+def check_truncation_transitions(name, monkeypatch, capsys):
+    """--num-envs 4 on Pendulum, past the truncation that ends every env's first episode at the same vector step,
+    all random actions but the last step's. Each env's stored transitions are those of a Pendulum env seeded as the
+    vector env seeds it and stepped with the stored actions: at the truncating step the true final observation,
+    with done 0 (a truncation is no termination). No stored transition goes from a final observation into the
+    reset one: each env's next observation is where its next transition starts, but at the truncation."""
+    steps = PENDULUM_STEPS + 10
+    argv = PENDULUM + ["--total-timesteps", str(NUM_ENVS * steps), "--learning-starts", str(NUM_ENVS * (steps - 1)),
+                       "--batch-size", "8", "--no-tensorboard"]  # fmt: skip
+    record, rb = run_keeping_buffer(name, argv, monkeypatch, capsys)
+    assert record["total_timesteps"] == NUM_ENVS * steps and record["episodic_return"] is not None
+    rows = stored_rows(rb)
+    assert len(rows) == NUM_ENVS * steps
+    # Row NUM_ENVS * t + i: env i's transition of vector step t.
+    obs, actions, rewards, next_obs, dones = (
+        part.reshape(steps, NUM_ENVS, -1) for part in np.split(rows, [3, 4, 5, 8], axis=1)
+    )
+    for i in range(NUM_ENVS):
+        env = gym.make("Pendulum-v1")
+        observation, _ = env.reset(seed=1 + i)
+        for t in range(PENDULUM_STEPS):
+            np.testing.assert_array_equal(obs[t, i], observation.astype(np.float32))
+            observation, reward, terminated, truncated, _ = env.step(actions[t, i])
+            np.testing.assert_array_equal(next_obs[t, i], observation.astype(np.float32))
+            assert rewards[t, i, 0] == np.float32(reward) and dones[t, i, 0] == 0
+            assert not terminated and truncated == (t == PENDULUM_STEPS - 1)
+    assert not dones.any()
+    breaks = np.argwhere((next_obs[:-1] != obs[1:]).any(axis=2))
+    assert breaks.tolist() == [[PENDULUM_STEPS - 1, i] for i in range(NUM_ENVS)]
+
+
+def check_num_envs_resume(name, tmp_path, capsys):
+    """--num-envs 4, stopped after the truncation that ends every env's first episode and resumed: the run ends
+    with the checkpoint of an uninterrupted one, every tensor of every env's state and of the replay buffer bit
+    for bit."""
+    argv = PENDULUM + ["--learning-starts", "200", "--batch-size", "32", "--buffer-size", "2000", "--no-tensorboard"]
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    run_main(name, argv + ["--total-timesteps", "1000", "--save-dir", str(whole)], capsys)
+    run_main(name, argv + ["--total-timesteps", "808", "--save-dir", str(parts)], capsys)
+    record = run_main(name, argv + ["--total-timesteps", "1000", "--resume", str(parts)], capsys)
+    assert record["resumed_from"] == 808 and record["total_timesteps"] == 1000
+    whole, parts = (torch.load(path / f"{name}.pt", map_location="cpu", weights_only=True) for path in (whole, parts))
+    assert len(whole["state"]["envs"]["envs"]) == NUM_ENVS and whole["meter"]["returns"] == parts["meter"]["returns"]
+    assert leaves(parts["state"]) == leaves(whole["state"])
+
+
+def leaves(value, where=""):
+    """A checkpoint part's values by their place in it; a tensor as its type, shape and bytes."""
+    if isinstance(value, dict):
+        return {place: leaf for key, item in value.items() for place, leaf in leaves(item, f"{where}.{key}").items()}
+    if isinstance(value, (list, tuple)):
+        return {place: leaf for i, item in enumerate(value) for place, leaf in leaves(item, f"{where}[{i}]").items()}
+    if isinstance(value, torch.Tensor):
+        return {where: (value.dtype, value.shape, value.numpy().tobytes())}
+    return {where: value}

@@ -1,6 +1,7 @@
 """SAC and TD3: both scripts of each through their update path in every mode, the TensorBoard scalars and the
 profile, twin-vs-baseline equivalence, acting ahead, the replay buffer, a learning test, Ctrl-C, bad input; TD3's
-exploration within each bound. The checks are off_policy.py's; what differs between the two algorithms is in
+exploration within each bound; --num-envs: the update path in every mode, the transitions stored around a
+truncation, resume. The checks are off_policy.py's; what differs between the two algorithms is in
 their Algo below."""
 
 import numpy as np
@@ -174,3 +175,26 @@ def test_buffer_samples_stored_rows(algo):
 @algos
 def test_stores_the_baseline_transitions(algo, monkeypatch, capsys):
     op.check_stores_the_baseline_transitions(algo, monkeypatch, capsys)
+
+
+# Both scripts of each algorithm with --num-envs: the baseline in its one mode, the twin in each of MODES.
+NUM_ENVS_RUNS = [
+    (algo, name, mode) for algo, name in SCRIPTS for mode in (MODES if name == algo.fast else [[]])
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "algo, name, mode", NUM_ENVS_RUNS, ids=[f"{name}-{mode_id(mode)}" for _, name, mode in NUM_ENVS_RUNS]
+)
+def test_num_envs_update_path(algo, name, mode, monkeypatch, capsys):
+    op.check_num_envs_update_path(algo, name, mode, monkeypatch, capsys)
+
+
+@scripts
+def test_num_envs_stores_truncations(algo, name, monkeypatch, capsys):
+    op.check_truncation_transitions(name, monkeypatch, capsys)
+
+
+@scripts
+def test_num_envs_resume(algo, name, tmp_path, capsys):
+    op.check_num_envs_resume(name, tmp_path, capsys)
