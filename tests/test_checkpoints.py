@@ -18,6 +18,9 @@ import torch
 from helpers import SCRIPTS, assert_one_line_error, load_script, run_bad_input, run_main
 
 OFF_POLICY = ["--env-id", "Pendulum-v1", "--learning-starts", "200", "--batch-size", "32", "--buffer-size", "1000"]
+# A constant epsilon: the schedule follows --total-timesteps, which the stopped run has shorter.
+DQN = ["--learning-starts", "200", "--batch-size", "32", "--buffer-size", "1000", "--train-frequency", "2",
+       "--target-network-frequency", "50", "--start-e", "0.3", "--end-e", "0.3", "--no-tensorboard"]  # fmt: skip
 # Without the annealed learning rate: its schedule follows --total-timesteps, which the stopped run has shorter.
 PPO = ["--num-minibatches", "2", "--update-epochs", "1", "--no-anneal-lr", "--no-tensorboard"]
 PPO_CONTINUOUS = ["--env-id", "Pendulum-v1", "--num-envs", "2", "--num-steps", "64", *PPO]
@@ -26,6 +29,8 @@ PPO_GPU = ["--num-envs", "8", "--num-steps", "16", *PPO]
 # Per script: its tiny arguments, the env steps of the stopped run and of the whole one, and whether the resumed
 # run ends exactly as the whole one (envpool's envs cannot be saved: their episodes restart on resume).
 RUNS = {
+    "dqn": (DQN, 400, 600, True),
+    "dqn_torchcompile": (DQN, 400, 600, True),
     "sac_continuous_action": ([*OFF_POLICY, "--no-tensorboard"], 400, 600, True),
     "sac_continuous_action_torchcompile": ([*OFF_POLICY, "--no-tensorboard"], 400, 600, True),
     "td3_continuous_action": ([*OFF_POLICY, "--no-tensorboard"], 400, 600, True),
@@ -34,6 +39,8 @@ RUNS = {
     "ppo_continuous_action_torchcompile": (PPO_CONTINUOUS, 384, 640, True),
     "ppo_atari_envpool": (PPO_ATARI, 128, 256, False),
     "ppo_atari_envpool_torchcompile": (PPO_ATARI, 128, 256, False),
+    "ppo_atari_envpool_multigpu": (PPO_ATARI, 128, 256, False),
+    "ppo_atari_envpool_multigpu_torchcompile": (PPO_ATARI, 128, 256, False),
     "ppo_classic_control_gpu": (PPO_GPU, 384, 640, True),
     "ppo_classic_control_gpu_torchcompile": (PPO_GPU, 384, 640, True),
 }

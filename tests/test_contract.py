@@ -9,8 +9,8 @@ import pytest
 
 SCRIPTS = sorted((Path(__file__).resolve().parents[1] / "leanrl").glob("*.py"))
 BASELINES = (
-    "ppo_atari_envpool", "ppo_classic_control_gpu", "ppo_continuous_action", "sac_continuous_action",
-    "td3_continuous_action",
+    "dqn", "ppo_atari_envpool", "ppo_atari_envpool_multigpu", "ppo_classic_control_gpu", "ppo_continuous_action",
+    "sac_continuous_action", "td3_continuous_action",
 )  # fmt: skip
 SHARED_DEFS = (
     "fail", "flag", "wandb_credentials", "checkpoint_file", "open_checkpoint", "rng_states", "restore_rng_states",
@@ -50,7 +50,7 @@ def args_fields(path):
     return fields
 
 
-def test_five_baselines_and_their_twins():
+def test_seven_baselines_and_their_twins():
     """The scripts are exactly these baselines and, for each, its _torchcompile twin."""
     pairs = [stem for base in BASELINES for stem in (base, base + "_torchcompile")]
     assert sorted(path.stem for path in SCRIPTS) == sorted(pairs)
@@ -94,7 +94,8 @@ def test_twin_keeps_the_baseline_algorithm_parts(base):
     twin_only = ("compile", "cudagraphs", "fused_rollout")  # fused_rollout: the GPU classic-control twin's kernel
     assert {k: v for k, v in fields_twin.items() if k not in twin_only} == fields_base
     parts_base, parts_twin = top_level(base), top_level(twin)
-    for name in ("check_args", "layer_init", "SoftQNetwork", "QNetwork", "STATS", "WARMUP_STEPS", "WARMUP_ITERATIONS"):
+    for name in ("check_args", "layer_init", "SoftQNetwork", "QNetwork", "linear_schedule", "STATS", "WARMUP_STEPS",
+                 "WARMUP_ITERATIONS"):  # fmt: skip
         if name in parts_base:
             assert parts_twin.get(name) == parts_base[name], f"{name} differs between {base.stem} and its twin"
 

@@ -1,0 +1,147 @@
+"""Data-parallel PPO Atari on the CPU, with gloo: two ranks under torchrun train as one run (one record, one
+checkpoint, the same parameters on both ranks), the averaged gradient is the gradient of the whole batch, a rank
+that drifted or was started with other arguments ends the run with one error line, and one process without
+torchrun is the single-GPU script."""
+
+import datetime
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+from contextlib import redirect_stderr
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from helpers import RECORD_KEYS, SCRIPTS, load_script, run_main
+
+BASE, FAST = "ppo_atari_envpool_multigpu", "ppo_atari_envpool_multigpu_torchcompile"
+SINGLE = {BASE: "ppo_atari_envpool", FAST: "ppo_atari_envpool_torchcompile"}
+# Per rank: 2 envs x 32 steps, in 2 minibatches. Two ranks, 512 env steps: 4 iterations, the last one steady.
+TINY = ["--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1", "--no-tensorboard",
+        "--no-cuda"]  # fmt: skip
+N_ACT, FRAMES = 4, 8
+# Collectives in the spawned groups; a rank that fails leaves the other waiting this long at most.
+TIMEOUT = datetime.timedelta(seconds=60)
+
+
+def launch(name, *argv, cwd):
+    """Two ranks of a script under torchrun on this machine."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               str(SCRIPTS / f"{name}.py"), *argv]  # fmt: skip
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+@pytest.mark.parametrize("name", [BASE, FAST])
+def test_two_ranks_train_as_one_run(name, tmp_path):
+    """Rank 0 alone prints the record (env steps of both ranks) and writes the checkpoint; the run ends with
+    every rank's parameters checked equal to rank 0's, and each rank's fps on stderr."""
+    proc = launch(name, *TINY, "--total-timesteps", "512", "--save-dir", "saved", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (line,) = proc.stdout.strip().splitlines()
+    record = json.loads(line)
+    assert set(record) == RECORD_KEYS and record["script"] == name
+    assert record["total_timesteps"] == 512 and record["steady"] is True and record["fps"] > 0
+    assert [path.name for path in (tmp_path / "saved").iterdir()] == [f"{name}.pt"]
+    checkpoint = torch.load(tmp_path / "saved" / f"{name}.pt", weights_only=True)
+    assert checkpoint["global_step"] == 512
+    (fps,) = [line for line in proc.stderr.splitlines() if line.startswith("env steps per second of each rank")]
+    assert len(json.loads(fps.split(": ")[1])) == 2
+    assert "Traceback" not in proc.stderr
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ranks_with_other_arguments_are_one_error(tmp_path):
+    """Ranks started by hand, as torchrun starts them (its environment variables), one with another seed: rank
+    0 prints one error line naming rank 1, and both exit with code 2, at once."""
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(SCRIPTS / f"{BASE}.py"), *TINY, "--seed", str(1 + rank)],
+            env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    (_, err0), (_, err1) = [proc.communicate(timeout=120) for proc in procs]
+    assert [proc.returncode for proc in procs] == [2, 2], err0 + err1
+    errors = [line for line in err0.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "ranks [1]" in errors[0], err0
+    assert "error:" not in err1 and "Traceback" not in err0 + err1
+
+
+def loss_of(network, obs, actions):
+    """A loss that, like PPO's, is a mean over the batch: its gradient over two equal halves, averaged, is its
+    gradient over the whole batch."""
+    _, logprob, entropy, value = network.get_action_and_value(obs, actions)
+    return (value.squeeze(1) ** 2 - logprob - 0.01 * entropy).mean()
+
+
+def ranks_worker(rank, store, results):
+    """One rank of a gloo group: the gradient averaged over the ranks' halves of a batch against the whole
+    batch's, in both scripts; then a rank that drifted, which must end the run."""
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2, timeout=TIMEOUT)
+    base, fast = load_script(BASE), load_script(FAST)
+    generator = torch.Generator().manual_seed(1)
+    obs = torch.randint(0, 256, (FRAMES, 4, 84, 84), generator=generator, dtype=torch.uint8)
+    actions = torch.randint(0, N_ACT, (FRAMES,), generator=generator)
+    half = slice(rank * FRAMES // 2, (rank + 1) * FRAMES // 2)
+    torch.manual_seed(0)
+    agent = fast.Agent(fast.Args(), N_ACT, "cpu")
+    network = agent.network
+    loss_of(network, obs, actions).backward()
+    whole = agent.grads.clone()
+
+    # The twin's gradients are views into agent.grads, which backward fills and the all-reduce averages in place.
+    agent.optimizer.zero_grad(set_to_none=False)
+    loss_of(network, obs[half], actions[half]).backward()
+    fast.average_gradients(agent.grads)
+    torch.testing.assert_close(agent.grads, whole, rtol=1e-4, atol=1e-6)
+
+    network.zero_grad(set_to_none=True)
+    loss_of(network, obs[half], actions[half]).backward()
+    base.average_gradients(network.parameters())
+    averaged = torch.cat([p.grad.reshape(-1) for p in network.parameters()])
+    torch.testing.assert_close(averaged, whole, rtol=1e-4, atol=1e-6)
+
+    with torch.no_grad():
+        network.critic.bias += rank
+    stderr = io.StringIO()
+    with redirect_stderr(stderr), pytest.raises(SystemExit) as exit_info:
+        base.check_ranks_agree(network, 512, 100.0)
+    results[rank] = (exit_info.value.code, stderr.getvalue())
+
+
+def test_averaged_gradient_is_the_whole_batch_gradient_and_drift_is_an_error(tmp_path):
+    results = mp.Manager().dict()
+    mp.spawn(ranks_worker, args=(tmp_path / "store", results), nprocs=2)
+    (code0, err0), (code1, err1) = results[0], results[1]
+    assert code0 == code1 == 2
+    assert err0.startswith("error: after 512 env steps, the parameters of ranks [1] differ") and err0.count("\n") == 1
+    assert err1 == ""
+
+
+@pytest.mark.parametrize("name", [BASE, FAST])
+def test_one_process_is_the_single_gpu_script(name, workdir, capsys, monkeypatch):
+    """Without torchrun, the script is the single-GPU one: from the same seed, the same record return and the
+    same final parameters and optimizer state, bit for bit."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    argv = [*TINY, "--total-timesteps", "256"]
+    records = {script: run_main(script, argv + ["--save-dir", script], capsys) for script in (name, SINGLE[name])}
+    assert records[name]["episodic_return"] == records[SINGLE[name]]["episodic_return"]
+    states = [torch.load(workdir / s / f"{s}.pt", weights_only=True)["state"] for s in (name, SINGLE[name])]
+    for key, tensor in states[1]["network"].items():
+        assert torch.equal(states[0]["network"][key], tensor), key
+    for key, tensor in states[1]["optimizer"]["state"][0].items():
+        assert torch.equal(states[0]["optimizer"]["state"][0][key], tensor), key
