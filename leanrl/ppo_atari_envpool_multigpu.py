@@ -284,6 +284,26 @@ def average_gradients(parameters):
         g.copy_(part.view_as(g))
 
 
+def stop_together(meter, rank):
+    """Ctrl-C under torchrun reaches every rank, from the terminal and again from torchrun: each rank notes it and
+    goes on to the end of the iteration, where the ranks agree to stop (agree), rank 0 writes its checkpoint with
+    --save-dir, and all end with their record. Stopping at once would leave the other ranks in an all-reduce."""
+
+    def requested(signum, frame):
+        if rank == 0 and not meter.stop:
+            print("Ctrl-C: every rank stops at the end of this iteration", file=sys.stderr, flush=True)
+        meter.stop = True
+
+    signal.signal(signal.SIGINT, requested)
+
+
+def agree(value, op, device):
+    """A number every rank gives, reduced over the ranks by op (dist.ReduceOp), as every rank's float."""
+    reduced = torch.tensor([float(value)], device=device)
+    dist.all_reduce(reduced, op=op)
+    return reduced.item()
+
+
 def broadcast_parameters(network):
     """Rank 0's parameters to every rank, so that all start from the same network."""
     for tensor in network.state_dict().values():
@@ -841,6 +861,8 @@ def train(args, meter, checkpoint):
     warmup_steps, profile_steps = WARMUP_ITERATIONS * steps_per_iteration, PROFILE_ITERATIONS * steps_per_iteration
     # One env_step call on rank 0 stands for the same call on every rank, as global_step counts them all.
     global_step = meter.start(checkpoint, steps, 0, warmup_steps, profile_steps, args.num_envs * world_size)
+    if world_size > 1:
+        stop_together(meter, rank)
     first_step, t_loop = global_step, time.perf_counter()
     for iteration in range(global_step // steps_per_iteration + 1, num_iterations + 1):
         meter.unit(global_step)
@@ -903,7 +925,11 @@ def train(args, meter, checkpoint):
                 with phase("update"):
                     stats = update(*minibatch)
 
-            if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
+            # Every rank stops its epochs at the same one, by the ranks' mean KL: the all-reduces must pair up.
+            approx_kl = stats["approx_kl"]
+            if args.target_kl is not None and world_size > 1:
+                approx_kl = agree(approx_kl, dist.ReduceOp.SUM, device) / world_size
+            if args.target_kl is not None and approx_kl > args.target_kl:
                 break
 
         with phase("other"):
@@ -914,6 +940,8 @@ def train(args, meter, checkpoint):
             learning_rate = agent.optimizer.param_groups[0]["lr"]
             scalars.update({"losses/explained_variance": explained_var, "charts/learning_rate": learning_rate})
             meter.log(global_step, scalars)
+            if world_size > 1:
+                meter.stop = bool(agree(meter.stop, dist.ReduceOp.MAX, device))
             meter.checkpoint(global_step, lambda: run_state(agent), final=iteration == num_iterations)
     envs.close()
     if dist.is_initialized():

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -120,6 +121,14 @@ def run_bad_input(name, argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         load_script(name).main(argv)
     return SimpleNamespace(returncode=exit_info.value.code, stderr=capsys.readouterr().err)
+
+
+def wait_for(path, proc, seconds=120):
+    """Until path exists, while the process started as proc runs (its failure, or the time running out, fails)."""
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "timeout"
+        time.sleep(0.05)
 
 
 def assert_one_line_error(proc, *fragments):

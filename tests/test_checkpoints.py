@@ -8,14 +8,13 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from helpers import SCRIPTS, assert_one_line_error, load_script, run_bad_input, run_main
+from helpers import SCRIPTS, assert_one_line_error, load_script, run_bad_input, run_main, wait_for
 
 OFF_POLICY = ["--env-id", "Pendulum-v1", "--learning-starts", "200", "--batch-size", "32", "--buffer-size", "1000"]
 # A constant epsilon: the schedule follows --total-timesteps, which the stopped run has shorter.
@@ -112,13 +111,6 @@ def test_resumed_run_ends_as_the_whole_run(name, workdir, capsys):
 def start(*argv, cwd):
     return subprocess.Popen([sys.executable, str(SCRIPTS / f"{SAC}.py"), *argv], cwd=cwd, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-
-
-def wait_for(path, proc, seconds=120):
-    deadline = time.monotonic() + seconds
-    while not path.exists():
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "timeout"
-        time.sleep(0.05)
 
 
 def test_killed_run_resumes(tmp_path):

@@ -7,6 +7,7 @@ import datetime
 import io
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from helpers import RECORD_KEYS, SCRIPTS, load_script, run_main
+from helpers import RECORD_KEYS, SCRIPTS, load_script, run_main, wait_for
 
 BASE, FAST = "ppo_atari_envpool_multigpu", "ppo_atari_envpool_multigpu_torchcompile"
 SINGLE = {BASE: "ppo_atari_envpool", FAST: "ppo_atari_envpool_torchcompile"}
@@ -28,11 +29,14 @@ N_ACT, FRAMES = 4, 8
 TIMEOUT = datetime.timedelta(seconds=60)
 
 
+def torchrun(name, *argv):
+    """The command that starts two ranks of a script under torchrun on this machine."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            str(SCRIPTS / f"{name}.py"), *argv]  # fmt: skip
+
+
 def launch(name, *argv, cwd):
-    """Two ranks of a script under torchrun on this machine."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               str(SCRIPTS / f"{name}.py"), *argv]  # fmt: skip
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=cwd)
+    return subprocess.run(torchrun(name, *argv), capture_output=True, text=True, timeout=300, cwd=cwd)
 
 
 @pytest.mark.parametrize("name", [BASE, FAST])
@@ -51,6 +55,24 @@ def test_two_ranks_train_as_one_run(name, tmp_path):
     (fps,) = [line for line in proc.stderr.splitlines() if line.startswith("env steps per second of each rank")]
     assert len(json.loads(fps.split(": ")[1])) == 2
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("name", [BASE, FAST])
+def test_ctrl_c_stops_every_rank_together(name, tmp_path):
+    """Ctrl-C to torchrun and its ranks, as a terminal sends it to its process group: every rank stops at the end
+    of the same iteration, rank 0 writes its checkpoint and the interrupted record, and no rank ends in a
+    traceback (torchrun prefixes a rank's with [rankN])."""
+    argv = [*TINY, "--total-timesteps", "100000", "--save-every", "128", "--save-dir", "run"]
+    proc = subprocess.Popen(torchrun(name, *argv), cwd=tmp_path, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    wait_for(tmp_path / "run" / f"{name}.pt", proc)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    record = json.loads(out.strip().splitlines()[-1])
+    assert record["interrupted"] is True
+    checkpoint = torch.load(tmp_path / "run" / f"{name}.pt", weights_only=True)
+    assert checkpoint["global_step"] == record["total_timesteps"] < 100000
+    assert "[rank0]" not in err and "[rank1]" not in err, err
 
 
 def free_port():
