@@ -942,6 +942,8 @@ def train(args, meter, checkpoint):
             meter.log(global_step, scalars)
             if world_size > 1:
                 meter.stop = bool(agree(meter.stop, dist.ReduceOp.MAX, device))
+                if meter.stop and rank:
+                    sys.stderr = open(os.devnull, "w")  # rank 0 tells where the run stopped; this rank counted none
             meter.checkpoint(global_step, lambda: run_state(agent), final=iteration == num_iterations)
     envs.close()
     if dist.is_initialized():

@@ -73,6 +73,9 @@ def test_ctrl_c_stops_every_rank_together(name, tmp_path):
     checkpoint = torch.load(tmp_path / "run" / f"{name}.pt", weights_only=True)
     assert checkpoint["global_step"] == record["total_timesteps"] < 100000
     assert "[rank0]" not in err and "[rank1]" not in err, err
+    assert [line for line in err.splitlines() if line.startswith("interrupted after")] == [
+        f"interrupted after {record['total_timesteps']} env steps"
+    ]
 
 
 def free_port():
