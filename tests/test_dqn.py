@@ -14,6 +14,7 @@ from helpers import (
     assert_trace_phases,
     load_script,
     mode_id,
+    requires_cuda,
     run_bad_input,
     run_interrupted,
     run_main,
@@ -121,23 +122,23 @@ def test_loop_follows_the_schedule(name, monkeypatch, capsys):
     assert calls == [(0.8, 0.1, 0.2 * 300, t) for t in range(300)]
 
 
-def make_pair(compile, **kwargs):
-    """A baseline agent and a twin agent with identical parameters, the baseline's update functions, and the twin's
-    replay buffer, training step, stats, policy and act."""
+def make_pair(compile, cudagraphs, device, **kwargs):
+    """A baseline agent and a twin agent with identical parameters on `device`, the baseline's update functions,
+    and the twin's replay buffer, training step, stats, policy and act."""
     base, fast = load_script(BASE), load_script(FAST)
-    args_b, args_f = base.Args(**kwargs), fast.Args(**kwargs, compile=compile)
+    args_b, args_f = base.Args(**kwargs), fast.Args(**kwargs, compile=compile, cudagraphs=cudagraphs)
     torch.manual_seed(0)
-    agent_b, agent_f = base.Agent(args_b, N_OBS, N_ACT, CPU), fast.Agent(args_f, N_OBS, N_ACT, CPU)
+    agent_b, agent_f = base.Agent(args_b, N_OBS, N_ACT, device), fast.Agent(args_f, N_OBS, N_ACT, device)
     agent_f.q_network.load_state_dict(agent_b.q_network.state_dict())
     # A target apart from the live network, so that the target update shows.
     with torch.no_grad():
         for target in (agent_b.target_network, agent_f.target_network):
             for p, seed_p in zip(target.parameters(), agent_b.q_network.parameters()):
                 p.copy_(seed_p * 0.5 - 0.01)
-    rb = fast.ReplayBuffer(64, 32, N_OBS, CPU)
+    rb = fast.ReplayBuffer(64, 32, N_OBS, device)
     update_f, update_target_f, policy_f = fast.make_update_fns(agent_f, args_f, rb.fields)
     train_f, stats_f = fast.make_train_step(rb, update_f, update_target_f, args_f)
-    act_f = fast.make_act(policy_f, args_f, N_OBS, CPU)
+    act_f = fast.make_act(policy_f, args_f, N_OBS, device)
     return agent_b, base.make_update_fns(agent_b, args_b), agent_f, rb, train_f, stats_f, policy_f, act_f
 
 
@@ -155,10 +156,26 @@ def trained_state(agent_b, agent_f):
 )
 @pytest.mark.usefixtures("eager_random")
 def test_equivalence_with_baseline(compile, tau):
+    check_equivalence(compile, False, CPU, tau)
+
+
+@requires_cuda
+@pytest.mark.parametrize("compile", [False, True], ids=["cudagraphs", "compile+cudagraphs"])
+@pytest.mark.usefixtures("eager_random")
+def test_equivalence_with_baseline_cuda(compile):
+    """The same on the GPU, with each kind of training step and make_act captured in a CUDA graph: the steps
+    after the capture are graph replays."""
+    check_equivalence(compile, True, torch.device("cuda"), 0.3)
+
+
+def check_equivalence(compile, cudagraphs, device, tau):
     """Same parameters and batches: each training step of the twin (store, sample, TD update, every other step
     the target update) gives the loss, the Q values and the parameters of the baseline's update on the batch it
-    sampled. Then the policy acts epsilon-greedily as expected, and make_act's round trip with it."""
-    agent_b, (update_b, update_target_b), agent_f, rb, train_f, stats_f, policy_f, act_f = make_pair(compile, tau=tau)
+    sampled. Then the policy acts epsilon-greedily as expected, and make_act's round trip with it. Ten steps: each
+    kind of step is called five times, past the capture (the third call, the fourth with --compile)."""
+    agent_b, (update_b, update_target_b), agent_f, rb, train_f, stats_f, policy_f, act_f = make_pair(
+        compile, cudagraphs, device, tau=tau
+    )
     rng = np.random.default_rng(1)
 
     def stage():
@@ -170,13 +187,13 @@ def test_equivalence_with_baseline(compile, tau):
         rb.push()
     fixed = {name: value.data_ptr() for name, value in stats_f.items()}
     initial = [(name, p_b.detach().clone()) for name, p_b, _ in trained_state(agent_b, agent_f)]
-    for i in range(6):
+    for i in range(10):
         stage()
         target_update = i % 2 == 1
         torch.manual_seed(i)
         train_f(True, target_update)
         torch.manual_seed(i)
-        idx = torch.randint(0, 2**62, (len(rb.batch),)) % (9 + i)
+        idx = torch.randint(0, 2**62, (len(rb.batch),), device=device) % (9 + i)
         assert torch.equal(rb.storage[8 + i], rb.row[0]), "the staged transition was not stored"
         assert torch.equal(rb.batch, rb.storage[idx]), "the batch is not the sample the draw says"
         obs, actions, rewards, next_obs, dones = (field.clone() for field in rb.fields)
@@ -205,17 +222,17 @@ def check_policy(q_network, policy, act, obs):
         one = obs[seed : seed + 1]
         epsilon = (0.0, 1.0, 0.5)[seed % 3]
         torch.manual_seed(seed)
-        explore = torch.rand(1) < epsilon
-        random_action = torch.randint(0, N_ACT, (1,))
+        explore = torch.rand(1, device=obs.device) < epsilon
+        random_action = torch.randint(0, N_ACT, (1,), device=obs.device)
         with torch.no_grad():
             greedy = q_network(one).argmax(dim=1)
         want = torch.where(explore, random_action, greedy)
         torch.manual_seed(seed)
-        action = policy(one, torch.tensor([epsilon]))
+        action = policy(one, torch.tensor([epsilon], device=obs.device))
         assert not action.requires_grad and action.dtype == torch.long
         assert torch.equal(action, want), (seed, epsilon)
         torch.manual_seed(seed)
-        assert act(one[0].numpy(), epsilon) == int(want[0])
+        assert act(one[0].cpu().numpy(), epsilon) == int(want[0])
 
 
 def test_learns_cartpole_baseline(capsys):
