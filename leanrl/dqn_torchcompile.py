@@ -352,14 +352,16 @@ class ReplayBuffer:
     """Transitions as rows of one preallocated tensor on the device, sampled uniformly with replacement there
     into one fixed batch tensor, which the update reads: a captured update then has no inputs to copy.
 
-    A row is [obs, action, reward, next_obs, done]. Adding a transition is two parts: `stage` copies the row
-    to the device (host work), `push` stores it (device work only, so a captured training step does it). The
-    write position and the size are device tensors, for the same reason.
+    A row is [obs, action, reward, next_obs, done]. Adding a transition is two parts: `stage` writes the row into
+    host memory (pinned on CUDA), `push` copies it to the device and stores it (device work only, so a captured
+    training step does both). The write position and the size are device tensors, for the same reason.
     """
 
     def __init__(self, size, batch_size, n_obs, device):
         widths = [n_obs, 1, 1, n_obs, 1]
         self.storage = torch.zeros(size, sum(widths), device=device)
+        self.staged = torch.zeros(1, sum(widths), pin_memory=device.type == "cuda")
+        self.staged_parts = np.split(self.staged.numpy()[0], np.cumsum(widths)[:-1])  # views: writing fills it
         self.row = torch.zeros(1, sum(widths), device=device)
         self.batch = torch.zeros(batch_size, sum(widths), device=device)
         obs, actions, rewards, next_obs, dones = self.batch.split(widths, dim=1)
@@ -370,11 +372,13 @@ class ReplayBuffer:
         self.max_size, self.device = size, device
 
     def stage(self, obs, next_obs, action, reward, done):
-        row = np.concatenate([obs, [action, reward], next_obs, [done]], dtype=np.float32)
-        # From pageable memory: the copy has read `row` when it returns.
-        self.row.copy_(torch.from_numpy(row)[None], non_blocking=True)
+        # The caller has waited for the device since the last push (the loop does in act()), so that push's copy
+        # has read `staged`.
+        for part, value in zip(self.staged_parts, (obs, action, reward, next_obs, done)):
+            part[:] = value
 
     def push(self):
+        self.row.copy_(self.staged, non_blocking=True)
         self.storage.index_copy_(0, self.ptr, self.row)
         self.ptr.add_(1).remainder_(self.max_size)
         self.size.add_(1).clamp_(max=self.max_size)

@@ -179,6 +179,8 @@ def check_equivalence(compile, cudagraphs, device, tau):
     rng = np.random.default_rng(1)
 
     def stage():
+        if device.type == "cuda":
+            torch.cuda.synchronize()  # as the script's act() does: the last push has read the staged row
         obs, next_obs = rng.standard_normal(N_OBS), rng.standard_normal(N_OBS)
         rb.stage(obs, next_obs, rng.integers(N_ACT), rng.standard_normal(), float(rng.random() < 0.2))
 
