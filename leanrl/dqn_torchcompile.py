@@ -1,5 +1,5 @@
 # DQN for discrete actions, as CleanRL defines it, made fast: on-device replay buffer, epsilon-greedy acting on
-# the device, one captured training step, torch.compile and CUDA graphs.
+# the device, the training step and the next action in one captured graph, torch.compile and CUDA graphs.
 # Docs: docs/dqn.md
 import functools
 import json
@@ -372,8 +372,8 @@ class ReplayBuffer:
         self.max_size, self.device = size, device
 
     def stage(self, obs, next_obs, action, reward, done):
-        # The caller has waited for the device since the last push (the loop does in act()), so that push's copy
-        # has read `staged`.
+        # The caller has waited for the device since the last push (the training step does, for the action it
+        # returns), so that push's copy has read `staged`.
         for part, value in zip(self.staged_parts, (obs, action, reward, next_obs, done)):
             part[:] = value
 
@@ -413,16 +413,17 @@ class Agent:
         self.target_network.load_state_dict(self.q_network.state_dict())
 
 
-def run_state(agent, rb, envs, obs, stats):
-    """The script's part of a checkpoint: networks, optimizer, replay buffer, envs, the latest statistics."""
+def run_state(agent, rb, envs, obs, stats, next_action):
+    """The script's part of a checkpoint: networks, optimizer, replay buffer, envs, the latest statistics, and the
+    action chosen ahead for the next step."""
     state = {name: getattr(agent, name).state_dict() for name in AGENT_STATE}
     state.update(buffer=rb.state(), envs=env_state(envs), stats=stats)
-    return {**state, "obs": torch.from_numpy(obs)}
+    return {**state, "obs": torch.from_numpy(obs), "next_action": next_action}
 
 
 def restore_run(state, agent, rb, envs, obs, stats):
     """run_state's parts back in place, into the tensors that captured graphs and compiled functions hold;
-    returns the observation the run goes on from."""
+    returns the observation the run goes on from and the action chosen ahead for it."""
     for name in AGENT_STATE:
         saved, part = state[name], getattr(agent, name)
         if isinstance(part, optim.Optimizer):
@@ -436,16 +437,16 @@ def restore_run(state, agent, rb, envs, obs, stats):
         for name, value in stats.items():
             value.copy_(state["stats"][name])
     if restore_env_state(envs, state["envs"]):
-        return state["obs"].numpy()
+        return state["obs"].numpy(), state["next_action"]
     print("the env's state is not in the checkpoint: its episode restarts", file=sys.stderr)
-    return obs
+    return obs, None
 
 
 def make_update_fns(agent, args, batch):
     """The two steps of DQN: the TD update of the Q network, and the target network's update; and the policy
     that acts. The update reads its batch from `batch` (obs, actions, rewards, next_obs, dones), fixed tensors
-    that each sample overwrites. With --compile each is compiled; --cudagraphs captures them in make_train_step
-    (the updates) and make_act (the policy)."""
+    that each sample overwrites. With --compile each is compiled; --cudagraphs captures them in make_train_step,
+    the policy at the end of each kind of training step."""
 
     def update():
         obs, actions, rewards, next_obs, dones = batch
@@ -479,11 +480,12 @@ def make_update_fns(agent, args, batch):
     return update, update_target, policy
 
 
-def make_train_step(rb, update, update_target, args):
-    """train_step(q_update, target_update): what follows each env step. It stores the staged transition, then,
-    if asked, samples a batch and updates the Q network, and updates the target network. With --cudagraphs each
-    kind of step is one captured graph: one replay per env step. The latest value of each of STATS lands in
-    `stats`, fixed device tensors."""
+def make_train_step(rb, update, update_target, act, act_on_device, args):
+    """train_step(q_update, target_update, obs, epsilon) -> action: what follows each env step, and the action of
+    the next one. It stores the staged transition, then, if asked, samples a batch and updates the Q network, and
+    updates the target network; then it acts for the next step, on its observation obs with its epsilon (make_act's
+    act_on_device, through act). With --cudagraphs each kind of step, acting included, is one captured graph: one
+    replay and one wait per env step. The latest value of each of STATS lands in `stats`, fixed device tensors."""
     stats = {name: torch.zeros((), device=rb.device) for name in STATS}
 
     def step(q_update, target_update):
@@ -494,48 +496,49 @@ def make_train_step(rb, update, update_target, args):
                 stats[name].copy_(value)
         if target_update:
             update_target()
+        act_on_device()
 
     steps = {}
 
-    def train_step(q_update, target_update):
+    def train_step(q_update, target_update, obs, epsilon):
         kind = (q_update, target_update)
         if kind not in steps:
             steps[kind] = functools.partial(step, *kind)
             if args.cudagraphs:
                 steps[kind] = CudaGraphModule(steps[kind], warmup=3 if args.compile else 2)
-        steps[kind]()
+        return act(obs, epsilon, steps[kind])
 
     return train_step, stats
 
 
-def make_act(policy, args, n_obs, device):
-    """act(obs, epsilon) -> action, a numpy observation in and an int out, for one env.
+def make_act(policy, n_obs, device):
+    """(act, act_on_device): acting for one env, a numpy observation and epsilon in, an int action out.
 
-    The observation and epsilon reach a fixed device tensor through pinned host memory, and the action comes
-    back the same way. With --cudagraphs both copies are part of the captured graph: acting costs one replay and
-    one wait for the device."""
+    act(obs, epsilon, device_work=act_on_device) writes the observation and epsilon into pinned host memory, runs
+    device_work, waits for the device and reads the action. act_on_device, device work only, copies the inputs to
+    a fixed device tensor, runs the policy and copies the action back to pinned host memory. make_train_step ends
+    each training step with act_on_device and hands the step to act: under --cudagraphs the copies and the policy
+    are part of the step's captured graph. Alone, act serves a run's first step, which no training step acted
+    ahead for: once a run, so it is not captured."""
     pinned = device.type == "cuda"
     inputs_host = torch.zeros(1, n_obs + 1, pin_memory=pinned)
     inputs_device = torch.zeros(1, n_obs + 1, device=device)
     action_host = torch.zeros(1, dtype=torch.long, pin_memory=pinned)
     inputs = inputs_host.numpy()[0]  # a view: writing it fills the pinned memory
 
-    def staged():
+    def act_on_device():
         inputs_device.copy_(inputs_host, non_blocking=True)
         action_host.copy_(policy(inputs_device[:, :n_obs], inputs_device[:, n_obs]), non_blocking=True)
 
-    if args.cudagraphs:
-        staged = CudaGraphModule(staged, warmup=3 if args.compile else 2)
-
-    def act(obs, epsilon):
+    def act(obs, epsilon, device_work=act_on_device):
         # The previous act's copies are done: it waited for them.
         inputs[:n_obs], inputs[n_obs] = obs, epsilon
-        staged()
+        device_work()
         if pinned:
             torch.cuda.current_stream(device).synchronize()
         return int(action_host[0])
 
-    return act
+    return act, act_on_device
 
 
 class Meter:
@@ -885,22 +888,25 @@ def train(args, meter, checkpoint):
     agent = Agent(args, n_obs, int(env.action_space.n), device)
     rb = ReplayBuffer(args.buffer_size, args.batch_size, n_obs, device)
     update, update_target, policy = make_update_fns(agent, args, rb.fields)
-    train_step, stats = make_train_step(rb, update, update_target, args)
-    act = make_act(policy, args, n_obs, device)
+    act, act_on_device = make_act(policy, n_obs, device)
+    train_step, stats = make_train_step(rb, update, update_target, act, act_on_device, args)
     # The first step that updates the Q network: its statistics are logged from there on.
     first_update = (args.learning_starts // args.train_frequency + 1) * args.train_frequency
 
     envs = vector_view(env)
     obs, _ = env.reset(seed=args.seed)
+    epsilon_at = functools.partial(linear_schedule, args.start_e, args.end_e,
+                                   args.exploration_fraction * args.total_timesteps)  # fmt: skip
+    # The coming step's action: each training step ends by acting for the step after it.
+    action = None
     if checkpoint is not None:
-        obs = restore_run(checkpoint["state"], agent, rb, envs, obs, stats)
+        obs, action = restore_run(checkpoint["state"], agent, rb, envs, obs, stats)
     first_step = meter.start(checkpoint, args.total_timesteps, args.learning_starts, WARMUP_STEPS, PROFILE_STEPS, 1)
     for global_step in range(first_step, args.total_timesteps):
         meter.unit(global_step)
         with phase("policy"):
-            epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps,
-                                      global_step)  # fmt: skip
-            action = act(obs, epsilon)
+            if action is None:  # the run's first step, or a resumed run's whose episode restarts
+                action = act(obs, epsilon_at(global_step))
 
         with phase("env_step"):
             next_obs, reward, termination, truncation, info = env.step(action)
@@ -916,14 +922,17 @@ def train(args, meter, checkpoint):
         learning = global_step > args.learning_starts
         q_update = learning and global_step % args.train_frequency == 0
         target_update = learning and global_step % args.target_network_frequency == 0
-        with phase("update" if q_update or target_update else "data"):
-            train_step(q_update, target_update)
+        # A step that only stores the transition is mostly the round trip of acting: under "policy".
+        with phase("update" if q_update or target_update else "policy"):
+            # It acts for the next step, the last one's too: a run resumed from its checkpoint draws as the run
+            # that goes on does.
+            action = train_step(q_update, target_update, obs, epsilon_at(global_step + 1))
 
         with phase("other"):
             if meter.tick(global_step + 1) and global_step >= first_update:
                 meter.log(global_step, {f"losses/{name}": stats[name] for name in STATS})
             final = global_step + 1 == args.total_timesteps
-            meter.checkpoint(global_step + 1, lambda: run_state(agent, rb, envs, obs, stats), final)
+            meter.checkpoint(global_step + 1, lambda: run_state(agent, rb, envs, obs, stats, action), final)
     env.close()
 
 

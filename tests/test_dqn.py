@@ -107,7 +107,8 @@ def test_epsilon_schedule(t, epsilon):
 
 @SCRIPTS
 def test_loop_follows_the_schedule(name, monkeypatch, capsys):
-    """The loop asks the schedule for every step's epsilon, over exploration-fraction x total-timesteps."""
+    """The loop asks the schedule for every step's epsilon, over exploration-fraction x total-timesteps; the twin
+    also for the step after the last, as its last training step acts for it (the checkpoint keeps that action)."""
     module = load_script(name)
     schedule, calls = module.linear_schedule, []
 
@@ -119,12 +120,13 @@ def test_loop_follows_the_schedule(name, monkeypatch, capsys):
     argv = ["--total-timesteps", "300", "--learning-starts", "100", "--start-e", "0.8", "--end-e", "0.1",
             "--exploration-fraction", "0.2", "--no-tensorboard"]  # fmt: skip
     run_main(name, argv, capsys)
-    assert calls == [(0.8, 0.1, 0.2 * 300, t) for t in range(300)]
+    assert calls == [(0.8, 0.1, 0.2 * 300, t) for t in range(300 + (name == FAST))]
 
 
 def make_pair(compile, cudagraphs, device, **kwargs):
     """A baseline agent and a twin agent with identical parameters on `device`, the baseline's update functions,
-    and the twin's replay buffer, training step, stats, policy and act."""
+    and the twin's replay buffer, training step (which acts for the next step), stats, policy and act; and the
+    order of the twin's calls of its update and its policy, as Python runs them (eagerly, or to capture them)."""
     base, fast = load_script(BASE), load_script(FAST)
     args_b, args_f = base.Args(**kwargs), fast.Args(**kwargs, compile=compile, cudagraphs=cudagraphs)
     torch.manual_seed(0)
@@ -137,9 +139,20 @@ def make_pair(compile, cudagraphs, device, **kwargs):
                 p.copy_(seed_p * 0.5 - 0.01)
     rb = fast.ReplayBuffer(64, 32, N_OBS, device)
     update_f, update_target_f, policy_f = fast.make_update_fns(agent_f, args_f, rb.fields)
-    train_f, stats_f = fast.make_train_step(rb, update_f, update_target_f, args_f)
-    act_f = fast.make_act(policy_f, args_f, N_OBS, device)
-    return agent_b, base.make_update_fns(agent_b, args_b), agent_f, rb, train_f, stats_f, policy_f, act_f
+    calls = []
+
+    def recorded(name, function):
+        def call(*args):
+            calls.append(name)
+            return function(*args)
+
+        return call
+
+    act_f, act_on_device_f = fast.make_act(recorded("policy", policy_f), N_OBS, device)
+    train_f, stats_f = fast.make_train_step(
+        rb, recorded("update", update_f), update_target_f, act_f, act_on_device_f, args_f
+    )
+    return agent_b, base.make_update_fns(agent_b, args_b), agent_f, rb, train_f, stats_f, policy_f, act_f, calls
 
 
 def trained_state(agent_b, agent_f):
@@ -163,24 +176,26 @@ def test_equivalence_with_baseline(compile, tau):
 @pytest.mark.parametrize("compile", [False, True], ids=["cudagraphs", "compile+cudagraphs"])
 @pytest.mark.usefixtures("eager_random")
 def test_equivalence_with_baseline_cuda(compile):
-    """The same on the GPU, with each kind of training step and make_act captured in a CUDA graph: the steps
-    after the capture are graph replays."""
+    """The same on the GPU, with each kind of training step captured in a CUDA graph, the copies of acting and the
+    policy included: the steps after the capture are graph replays, and so is the action each returns."""
     check_equivalence(compile, True, torch.device("cuda"), 0.3)
 
 
 def check_equivalence(compile, cudagraphs, device, tau):
     """Same parameters and batches: each training step of the twin (store, sample, TD update, every other step
-    the target update) gives the loss, the Q values and the parameters of the baseline's update on the batch it
-    sampled. Then the policy acts epsilon-greedily as expected, and make_act's round trip with it. Ten steps: each
-    kind of step is called five times, past the capture (the third call, the fourth with --compile)."""
-    agent_b, (update_b, update_target_b), agent_f, rb, train_f, stats_f, policy_f, act_f = make_pair(
+    the target update, then acting for the next step) gives the loss, the Q values and the parameters of the
+    baseline's update on the batch it sampled, and the action the updated Q network and the draws after the
+    sample's say, at epsilon 0, 1 and 0.5 in turn; the policy runs after the update in every step. Then the policy
+    acts epsilon-greedily as expected, and make_act's act alone with it. Ten steps: each kind of step is called
+    five times, past the capture (the third call, the fourth with --compile)."""
+    agent_b, (update_b, update_target_b), agent_f, rb, train_f, stats_f, policy_f, act_f, calls = make_pair(
         compile, cudagraphs, device, tau=tau
     )
     rng = np.random.default_rng(1)
 
     def stage():
         if device.type == "cuda":
-            torch.cuda.synchronize()  # as the script's act() does: the last push has read the staged row
+            torch.cuda.synchronize()  # as the training step's act() does: the last push has read the staged row
         obs, next_obs = rng.standard_normal(N_OBS), rng.standard_normal(N_OBS)
         rb.stage(obs, next_obs, rng.integers(N_ACT), rng.standard_normal(), float(rng.random() < 0.2))
 
@@ -192,10 +207,17 @@ def check_equivalence(compile, cudagraphs, device, tau):
     for i in range(10):
         stage()
         target_update = i % 2 == 1
+        obs_ahead, epsilon = rng.standard_normal(N_OBS).astype(np.float32), (0.0, 1.0, 0.5)[i % 3]
         torch.manual_seed(i)
-        train_f(True, target_update)
+        action = train_f(True, target_update, obs_ahead, epsilon)
         torch.manual_seed(i)
         idx = torch.randint(0, 2**62, (len(rb.batch),), device=device) % (9 + i)
+        explore = torch.rand(1, device=device) < epsilon
+        random_action = torch.randint(0, N_ACT, (1,), device=device)
+        with torch.no_grad():
+            greedy = agent_f.q_network(torch.as_tensor(obs_ahead, device=device)[None]).argmax(dim=1)
+        want = int(torch.where(explore, random_action, greedy)[0])
+        assert action == want, f"step {i}, epsilon {epsilon}: not the updated network's action after the sample"
         assert torch.equal(rb.storage[8 + i], rb.row[0]), "the staged transition was not stored"
         assert torch.equal(rb.batch, rb.storage[idx]), "the batch is not the sample the draw says"
         obs, actions, rewards, next_obs, dones = (field.clone() for field in rb.fields)
@@ -208,6 +230,9 @@ def check_equivalence(compile, cudagraphs, device, tau):
         for (name, before), (_, p_b, p_f) in zip(initial, trained_state(agent_b, agent_f), strict=True):
             assert_same_update(before, p_b.detach(), p_f.detach(), name=name)
     assert {name: value.data_ptr() for name, value in stats_f.items()} == fixed
+    # The greedy action rarely changes with one small update: the order of the calls shows that the policy acts
+    # with the updated network. Replays run no Python: only the calls before the capture and the capture show.
+    assert calls and calls == ["update", "policy"] * (len(calls) // 2), calls
     for (name, before), (_, _, p_f) in zip(initial, trained_state(agent_b, agent_f), strict=True):
         assert not torch.equal(before, p_f), f"{name} never changed"
     if tau == 1.0:
@@ -218,8 +243,8 @@ def check_equivalence(compile, cudagraphs, device, tau):
 
 def check_policy(q_network, policy, act, obs):
     """Epsilon 0: the greedy action of the trained Q network. Epsilon 1: the random action the draws after a seed
-    say. In between: the draw against epsilon picks one of the two. No autograd graph; make_act's round trip
-    (pinned copies, under --cudagraphs captured with the policy) acts the same."""
+    say. In between: the draw against epsilon picks one of the two. No autograd graph; act alone (its pinned
+    copies, as at a run's first step) acts the same."""
     for seed in range(6):
         one = obs[seed : seed + 1]
         epsilon = (0.0, 1.0, 0.5)[seed % 3]
