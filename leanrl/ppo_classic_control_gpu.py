@@ -232,35 +232,44 @@ def check_args(args, argv):
 
 class CartPole:
     """gymnasium's CartPole-v1: state (x, x_dot, theta, theta_dot), Euler integration, reward 1 per step, ended
-    when the cart leaves [-2.4, 2.4] or the pole tilts past 12 degrees; reset uniform in [-0.05, 0.05)."""
+    when the cart leaves [-2.4, 2.4] or the pole tilts past 12 degrees; reset uniform in [-0.05, 0.05).
+
+    A heavier simulator for data-collection studies (collect_bench.py --sweep sc, docs/gpu_collection.md) is a
+    subclass with `copies` carts per env (the state holds each component for every copy, component after
+    component; n_noise is 4 per copy; the policy sees copy 0; the episode ends when any copy does) and `substeps`
+    Euler steps of tau / substeps per env step. With one of each it is gymnasium's CartPole, operation for
+    operation."""
 
     n_obs, n_act, n_noise, max_episode_steps = 4, 2, 4, 500
     gravity, masspole, total_mass, length, force_mag, tau = 9.8, 0.1, 1.1, 0.5, 10.0, 0.02
     polemass_length = masspole * length
     x_threshold, theta_threshold = 2.4, 12 * 2 * math.pi / 360
+    copies, substeps = 1, 1
 
     @staticmethod
     def initial(noise):
         return noise * 0.1 - 0.05
 
-    @staticmethod
-    def observe(state):
-        return state
+    @classmethod
+    def observe(cls, state):
+        return state[:, :: cls.copies]
 
     @classmethod
     def step(cls, state, action):
-        x, x_dot, theta, theta_dot = state.unbind(-1)
-        force = torch.where(action == 1, cls.force_mag, -cls.force_mag)
-        costheta, sintheta = torch.cos(theta), torch.sin(theta)
-        temp = (force + cls.polemass_length * theta_dot**2 * sintheta) / cls.total_mass
-        thetaacc = (cls.gravity * sintheta - costheta * temp) / (
-            cls.length * (4.0 / 3.0 - cls.masspole * costheta**2 / cls.total_mass)
-        )
-        xacc = temp - cls.polemass_length * thetaacc * costheta / cls.total_mass
-        x, x_dot = x + cls.tau * x_dot, x_dot + cls.tau * xacc
-        theta, theta_dot = theta + cls.tau * theta_dot, theta_dot + cls.tau * thetaacc
-        terminated = (x.abs() > cls.x_threshold) | (theta.abs() > cls.theta_threshold)
-        return torch.stack((x, x_dot, theta, theta_dot), -1), torch.ones_like(x), terminated
+        x, x_dot, theta, theta_dot = state.unflatten(-1, (4, cls.copies)).unbind(-2)
+        force = torch.where(action == 1, cls.force_mag, -cls.force_mag)[:, None]
+        tau = cls.tau / cls.substeps
+        for _ in range(cls.substeps):
+            costheta, sintheta = torch.cos(theta), torch.sin(theta)
+            temp = (force + cls.polemass_length * theta_dot**2 * sintheta) / cls.total_mass
+            thetaacc = (cls.gravity * sintheta - costheta * temp) / (
+                cls.length * (4.0 / 3.0 - cls.masspole * costheta**2 / cls.total_mass)
+            )
+            xacc = temp - cls.polemass_length * thetaacc * costheta / cls.total_mass
+            x, x_dot = x + tau * x_dot, x_dot + tau * xacc
+            theta, theta_dot = theta + tau * theta_dot, theta_dot + tau * thetaacc
+        terminated = ((x.abs() > cls.x_threshold) | (theta.abs() > cls.theta_threshold)).any(-1)
+        return torch.cat((x, x_dot, theta, theta_dot), -1), torch.ones_like(x[:, 0]), terminated
 
 
 class Acrobot:

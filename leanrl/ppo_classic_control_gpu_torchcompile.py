@@ -248,35 +248,44 @@ def check_args(args, argv):
 
 class CartPole:
     """gymnasium's CartPole-v1: state (x, x_dot, theta, theta_dot), Euler integration, reward 1 per step, ended
-    when the cart leaves [-2.4, 2.4] or the pole tilts past 12 degrees; reset uniform in [-0.05, 0.05)."""
+    when the cart leaves [-2.4, 2.4] or the pole tilts past 12 degrees; reset uniform in [-0.05, 0.05).
+
+    A heavier simulator for data-collection studies (collect_bench.py --sweep sc, docs/gpu_collection.md) is a
+    subclass with `copies` carts per env (the state holds each component for every copy, component after
+    component; n_noise is 4 per copy; the policy sees copy 0; the episode ends when any copy does) and `substeps`
+    Euler steps of tau / substeps per env step. With one of each it is gymnasium's CartPole, operation for
+    operation."""
 
     n_obs, n_act, n_noise, max_episode_steps = 4, 2, 4, 500
     gravity, masspole, total_mass, length, force_mag, tau = 9.8, 0.1, 1.1, 0.5, 10.0, 0.02
     polemass_length = masspole * length
     x_threshold, theta_threshold = 2.4, 12 * 2 * math.pi / 360
+    copies, substeps = 1, 1
 
     @staticmethod
     def initial(noise):
         return noise * 0.1 - 0.05
 
-    @staticmethod
-    def observe(state):
-        return state
+    @classmethod
+    def observe(cls, state):
+        return state[:, :: cls.copies]
 
     @classmethod
     def step(cls, state, action):
-        x, x_dot, theta, theta_dot = state.unbind(-1)
-        force = torch.where(action == 1, cls.force_mag, -cls.force_mag)
-        costheta, sintheta = torch.cos(theta), torch.sin(theta)
-        temp = (force + cls.polemass_length * theta_dot**2 * sintheta) / cls.total_mass
-        thetaacc = (cls.gravity * sintheta - costheta * temp) / (
-            cls.length * (4.0 / 3.0 - cls.masspole * costheta**2 / cls.total_mass)
-        )
-        xacc = temp - cls.polemass_length * thetaacc * costheta / cls.total_mass
-        x, x_dot = x + cls.tau * x_dot, x_dot + cls.tau * xacc
-        theta, theta_dot = theta + cls.tau * theta_dot, theta_dot + cls.tau * thetaacc
-        terminated = (x.abs() > cls.x_threshold) | (theta.abs() > cls.theta_threshold)
-        return torch.stack((x, x_dot, theta, theta_dot), -1), torch.ones_like(x), terminated
+        x, x_dot, theta, theta_dot = state.unflatten(-1, (4, cls.copies)).unbind(-2)
+        force = torch.where(action == 1, cls.force_mag, -cls.force_mag)[:, None]
+        tau = cls.tau / cls.substeps
+        for _ in range(cls.substeps):
+            costheta, sintheta = torch.cos(theta), torch.sin(theta)
+            temp = (force + cls.polemass_length * theta_dot**2 * sintheta) / cls.total_mass
+            thetaacc = (cls.gravity * sintheta - costheta * temp) / (
+                cls.length * (4.0 / 3.0 - cls.masspole * costheta**2 / cls.total_mass)
+            )
+            xacc = temp - cls.polemass_length * thetaacc * costheta / cls.total_mass
+            x, x_dot = x + tau * x_dot, x_dot + tau * xacc
+            theta, theta_dot = theta + tau * theta_dot, theta_dot + tau * thetaacc
+        terminated = ((x.abs() > cls.x_threshold) | (theta.abs() > cls.theta_threshold)).any(-1)
+        return torch.cat((x, x_dot, theta, theta_dot), -1), torch.ones_like(x[:, 0]), terminated
 
 
 class Acrobot:
@@ -663,16 +672,18 @@ if triton is not None:  # the kernel and its parts, written as the torch code ab
         return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
 
     @triton.jit
-    def cartpole_step(x, x_dot, theta, theta_dot, action):
+    def cartpole_step(x, x_dot, theta, theta_dot, action, SUBSTEPS: tl.constexpr):
         force = tl.where(action == 1, 10.0, -10.0)
-        costheta, sintheta = tl.cos(theta), tl.sin(theta)
-        temp = (force + 0.05 * (theta_dot * theta_dot) * sintheta) / 1.1
-        thetaacc = (9.8 * sintheta - costheta * temp) / (0.5 * (4.0 / 3.0 - 0.1 * (costheta * costheta) / 1.1))
-        xacc = temp - 0.05 * thetaacc * costheta / 1.1
-        x, x_dot = x + 0.02 * x_dot, x_dot + 0.02 * xacc
-        theta, theta_dot = theta + 0.02 * theta_dot, theta_dot + 0.02 * thetaacc
+        tau = 0.02 / SUBSTEPS
+        for _ in range(SUBSTEPS):
+            costheta, sintheta = tl.cos(theta), tl.sin(theta)
+            temp = (force + 0.05 * (theta_dot * theta_dot) * sintheta) / 1.1
+            thetaacc = (9.8 * sintheta - costheta * temp) / (0.5 * (4.0 / 3.0 - 0.1 * (costheta * costheta) / 1.1))
+            xacc = temp - 0.05 * thetaacc * costheta / 1.1
+            x, x_dot = x + tau * x_dot, x_dot + tau * xacc
+            theta, theta_dot = theta + tau * theta_dot, theta_dot + tau * thetaacc
         terminated = (tl.abs(x) > 2.4) | (tl.abs(theta) > 12 * 2 * 3.141592653589793 / 360)
-        return x, x_dot, theta, theta_dot, tl.zeros_like(x) + 1.0, terminated
+        return x, x_dot, theta, theta_dot, terminated
 
     @triton.jit
     def acrobot_derivatives(theta1, theta2, dtheta1, dtheta2, torque):
@@ -717,7 +728,7 @@ if triton is not None:  # the kernel and its parts, written as the torch code ab
         v1 = clamp(v1 + 0.2 / 6 * (c1 + 2 * c2 + 2 * c3 + c4), 4 * 3.141592653589793)
         v2 = clamp(v2 + 0.2 / 6 * (d1 + 2 * d2 + 2 * d3 + d4), 9 * 3.141592653589793)
         terminated = -tl.cos(t1) - tl.cos(t2 + t1) > 1.0
-        return t1, t2, v1, v2, tl.where(terminated, 0.0, -1.0), terminated
+        return t1, t2, v1, v2, terminated
 
     @triton.jit
     def mountaincar_step(position, velocity, action):
@@ -726,17 +737,54 @@ if triton is not None:  # the kernel and its parts, written as the torch code ab
         position = tl.minimum(tl.maximum(position + velocity, -1.2), 0.6)
         velocity = tl.where((position == -1.2) & (velocity < 0), 0.0, velocity)
         terminated = (position >= 0.5) & (velocity >= 0)
-        return position, velocity, tl.zeros_like(position) - 1.0, terminated
+        return position, velocity, terminated
 
     @triton.jit
-    def env_step(ENV: tl.constexpr, s0, s1, s2, s3, action):
-        """The physics of ENVS' env number ENV, on a state held as one vector per component (up to four)."""
-        if ENV == 0:
-            s0, s1, s2, s3, reward, terminated = cartpole_step(s0, s1, s2, s3, action)
-        elif ENV == 1:
-            s0, s1, s2, s3, reward, terminated = acrobot_step(s0, s1, s2, s3, action)
+    def per_copy(x, COPIES: tl.constexpr):
+        """A vector over envs, laid out as the state's components: as it is for one copy (the state's components are
+        vectors: a [envs, 1] tile would cost about a fifth of the speed at 2^16 envs), a column for several."""
+        if COPIES == 1:
+            tiled = x
         else:
-            s0, s1, reward, terminated = mountaincar_step(s0, s1, action)
+            tiled = x[:, None]
+        return tiled
+
+    @triton.jit
+    def any_copy(x, COPIES: tl.constexpr):
+        """Per env: whether any of its copies' flags is set."""
+        if COPIES == 1:
+            flag = x
+        else:
+            flag = tl.max(x.to(tl.int32), axis=1) > 0
+        return flag
+
+    @triton.jit
+    def first_copy(x, COPIES: tl.constexpr):
+        """Per env: copy 0's value."""
+        if COPIES == 1:
+            value = x
+        else:
+            value = tl.sum(tl.where(tl.arange(0, COPIES)[None, :] == 0, x, 0.0), axis=1)
+        return value
+
+    @triton.jit
+    def env_step(ENV: tl.constexpr, s0, s1, s2, s3, action, COPIES: tl.constexpr, SUBSTEPS: tl.constexpr):
+        """The physics of ENVS' env number ENV, on a state held as one vector or [envs, copies] tile per component
+        (up to four): the next state, and each env's reward and termination (any copy's)."""
+        action = per_copy(action, COPIES)
+        if ENV == 0:
+            s0, s1, s2, s3, terminated = cartpole_step(s0, s1, s2, s3, action, SUBSTEPS)
+        elif ENV == 1:
+            s0, s1, s2, s3, terminated = acrobot_step(s0, s1, s2, s3, action)
+        else:
+            s0, s1, terminated = mountaincar_step(s0, s1, action)
+        terminated = any_copy(terminated, COPIES)
+        if ENV == 0:
+            reward = tl.full(terminated.shape, 1.0, tl.float32)
+        elif ENV == 1:
+            reward = tl.where(terminated, 0.0, -1.0)
+        else:
+            reward = tl.full(terminated.shape, -1.0, tl.float32)
         return s0, s1, s2, s3, reward, terminated
 
     @triton.jit
@@ -751,8 +799,10 @@ if triton is not None:  # the kernel and its parts, written as the torch code ab
         return s0, s1, s2, s3
 
     @triton.jit
-    def env_observe(ENV: tl.constexpr, s0, s1, s2, s3, col):
-        """The env's observe(state), as a tile of observations by `col`, zero in the padding."""
+    def env_observe(ENV: tl.constexpr, s0, s1, s2, s3, col, COPIES: tl.constexpr):
+        """The env's observe(state), of copy 0, as a tile of observations by `col`, zero in the padding."""
+        s0, s1 = first_copy(s0, COPIES), first_copy(s1, COPIES)
+        s2, s3 = first_copy(s2, COPIES), first_copy(s3, COPIES)
         if ENV == 1:
             o0, o1, o2, o3, o4, o5 = tl.cos(s0), tl.sin(s0), tl.cos(s1), tl.sin(s1), s2, s3
         else:
@@ -782,7 +832,7 @@ if triton is not None:  # the kernel and its parts, written as the torch code ab
         uniforms_ptr, seed, num_envs, num_steps,
         ENV: tl.constexpr, N_STATE: tl.constexpr, N_OBS: tl.constexpr, N_ACT: tl.constexpr,
         N_NOISE: tl.constexpr, MAX_EPISODE_STEPS: tl.constexpr, HIDDEN: tl.constexpr, PAD: tl.constexpr,
-        BLOCK: tl.constexpr, GIVEN_UNIFORMS: tl.constexpr,
+        BLOCK: tl.constexpr, GIVEN_UNIFORMS: tl.constexpr, COPIES: tl.constexpr, SUBSTEPS: tl.constexpr,
     ):  # fmt: skip
         """num_steps steps of BLOCK envs: make_collect's step(t) for each t, one program per block of envs."""
         env = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -794,17 +844,23 @@ if triton is not None:  # the kernel and its parts, written as the torch code ab
         w3 = tl.load(w3_ptr + col[None, :] * HIDDEN + hid[:, None], mask=col[None, :] < N_ACT, other=0.0)
         b1, b2 = tl.load(b1_ptr + hid), tl.load(b2_ptr + hid)
         b3 = tl.load(b3_ptr + col, mask=col < N_ACT, other=0.0)
-        # The envs in registers: the state one vector per component, the step counts, returns and episode sums.
-        s0 = tl.load(state_ptr + env * N_STATE, mask=live, other=0.0)
-        s1 = tl.load(state_ptr + env * N_STATE + 1, mask=live, other=0.0)
-        s2 = tl.load(state_ptr + env * N_STATE + 2, mask=live & (N_STATE > 2), other=0.0)
-        s3 = tl.load(state_ptr + env * N_STATE + 3, mask=live & (N_STATE > 3), other=0.0)
+        # The envs in registers: the state one vector (or [envs, copies] tile) per component, the step counts,
+        # returns and episode sums.
+        if COPIES == 1:
+            copy = tl.zeros_like(env)
+        else:
+            copy = tl.arange(0, COPIES)[None, :]
+        at, tile = per_copy(env * N_STATE, COPIES) + copy, per_copy(live, COPIES) & (copy < COPIES)
+        s0 = tl.load(state_ptr + at, mask=tile, other=0.0)
+        s1 = tl.load(state_ptr + at + COPIES, mask=tile, other=0.0)
+        s2 = tl.load(state_ptr + at + 2 * COPIES, mask=tile & (N_STATE > 2 * COPIES), other=0.0)
+        s3 = tl.load(state_ptr + at + 3 * COPIES, mask=tile & (N_STATE > 3 * COPIES), other=0.0)
         elapsed = tl.load(elapsed_ptr + env, mask=live, other=0)
         episode_return = tl.load(episode_return_ptr + env, mask=live, other=0.0)
         ended_count = tl.load(ended_ptr + env, mask=live, other=0.0)
         ended_return = tl.load(ended_ptr + num_envs + env, mask=live, other=0.0)
         ended_length = tl.load(ended_ptr + 2 * num_envs + env, mask=live, other=0.0)
-        obs = env_observe(ENV, s0, s1, s2, s3, col[None, :])
+        obs = env_observe(ENV, s0, s1, s2, s3, col[None, :], COPIES)
         obs_mask = live[:, None] & (col[None, :] < N_OBS)
         for t in range(num_steps):
             # The policy: the actor's logits (fp32 products, as torch's), a Gumbel-max action, its log-probability.
@@ -822,34 +878,35 @@ if triton is not None:  # the kernel and its parts, written as the torch code ab
             logsumexp = top + tl.log(tl.sum(tl.exp(logits - top[:, None]), axis=1))
             logprob = tl.sum(tl.where(col[None, :] == action[:, None], logits, 0.0), axis=1) - logsumexp
             # The env step, the time limit and the same-step auto-reset, as Envs.step.
-            n0, n1, n2, n3, reward, terminated = env_step(ENV, s0, s1, s2, s3, action)
+            n0, n1, n2, n3, reward, terminated = env_step(ENV, s0, s1, s2, s3, action, COPIES, SUBSTEPS)
             elapsed += 1
             episode_return += reward
             done = terminated | (elapsed >= MAX_EPISODE_STEPS)
-            noise = draw + N_ACT
-            u0 = uniform(uniforms_ptr, seed, noise, live, GIVEN_UNIFORMS)
-            u1 = uniform(uniforms_ptr, seed, noise + 1, live & (N_NOISE > 1), GIVEN_UNIFORMS)
-            u2 = uniform(uniforms_ptr, seed, noise + 2, live & (N_NOISE > 2), GIVEN_UNIFORMS)
-            u3 = uniform(uniforms_ptr, seed, noise + 3, live & (N_NOISE > 3), GIVEN_UNIFORMS)
+            noise = per_copy(draw, COPIES) + N_ACT + copy  # the reset's draws in the state's order
+            u0 = uniform(uniforms_ptr, seed, noise, tile, GIVEN_UNIFORMS)
+            u1 = uniform(uniforms_ptr, seed, noise + COPIES, tile & (N_NOISE > COPIES), GIVEN_UNIFORMS)
+            u2 = uniform(uniforms_ptr, seed, noise + 2 * COPIES, tile & (N_NOISE > 2 * COPIES), GIVEN_UNIFORMS)
+            u3 = uniform(uniforms_ptr, seed, noise + 3 * COPIES, tile & (N_NOISE > 3 * COPIES), GIVEN_UNIFORMS)
             f0, f1, f2, f3 = env_initial(ENV, u0, u1, u2, u3)
-            s0, s1 = tl.where(done, f0, n0), tl.where(done, f1, n1)
-            s2, s3 = tl.where(done, f2, n2), tl.where(done, f3, n3)
+            reset = per_copy(done, COPIES)
+            s0, s1 = tl.where(reset, f0, n0), tl.where(reset, f1, n1)
+            s2, s3 = tl.where(reset, f2, n2), tl.where(reset, f3, n3)
             ended_count += tl.where(done, 1.0, 0.0)
             ended_return += tl.where(done, episode_return, 0.0)
             ended_length += tl.where(done, elapsed.to(tl.float32), 0.0)
             elapsed = tl.where(done, 0, elapsed)
             episode_return = tl.where(done, 0.0, episode_return)
-            obs = env_observe(ENV, s0, s1, s2, s3, col[None, :])
+            obs = env_observe(ENV, s0, s1, s2, s3, col[None, :], COPIES)
             # Row t of the trajectory; the observation and done flag after the step are row t + 1 of theirs.
             tl.store(actions_ptr + row, action.to(tl.int64), mask=live)
             tl.store(logprobs_ptr + row, logprob, mask=live)
             tl.store(rewards_ptr + row, reward, mask=live)
             tl.store(dones_ptr + row + num_envs, done.to(tl.float32), mask=live)
             tl.store(obs_ptr + (row + num_envs)[:, None] * N_OBS + col[None, :], obs, mask=obs_mask)
-        tl.store(state_ptr + env * N_STATE, s0, mask=live)
-        tl.store(state_ptr + env * N_STATE + 1, s1, mask=live)
-        tl.store(state_ptr + env * N_STATE + 2, s2, mask=live & (N_STATE > 2))
-        tl.store(state_ptr + env * N_STATE + 3, s3, mask=live & (N_STATE > 3))
+        tl.store(state_ptr + at, s0, mask=tile)
+        tl.store(state_ptr + at + COPIES, s1, mask=tile)
+        tl.store(state_ptr + at + 2 * COPIES, s2, mask=tile & (N_STATE > 2 * COPIES))
+        tl.store(state_ptr + at + 3 * COPIES, s3, mask=tile & (N_STATE > 3 * COPIES))
         tl.store(elapsed_ptr + env, elapsed, mask=live)
         tl.store(episode_return_ptr + env, episode_return, mask=live)
         tl.store(ended_ptr + env, ended_count, mask=live)
@@ -878,7 +935,12 @@ def make_fused_collect(agent, envs, rollout, args):
         fail(unavailable)
     physics, net = envs.physics, agent.net
     layers = [net.actor[i] for i in (0, 2, 4)]
-    block = 16 if args.num_envs < 2**14 else 64  # more envs: the weights loaded once for more of them
+    # A subclass (CartPole's heavier variants) runs its base's physics, with its copies and substeps.
+    env_number = [issubclass(physics, base) for base in ENVS.values()].index(True)
+    copies, substeps = getattr(physics, "copies", 1), getattr(physics, "substeps", 1)
+    # 64 envs a program from 2^14 envs on: the weights loaded once for more of them; but with several copies per env
+    # their state no longer fits in registers at 64 (both measured, docs/gpu_collection.md).
+    block = 64 if args.num_envs >= 2**14 and copies == 1 else 16
 
     def collect(uniforms=None):
         # The observation the last rollout ended in is the first of this one.
@@ -890,9 +952,9 @@ def make_fused_collect(agent, envs, rollout, args):
             rollout.obs, rollout.actions, rollout.logprobs, rollout.rewards, rollout.dones,
             rollout.rewards if uniforms is None else uniforms,  # unread when Philox draws
             collect.seed, args.num_envs, args.num_steps,
-            ENV=list(ENVS.values()).index(physics), N_STATE=envs.state.shape[1], N_OBS=physics.n_obs,
-            N_ACT=physics.n_act, N_NOISE=physics.n_noise, MAX_EPISODE_STEPS=physics.max_episode_steps,
-            HIDDEN=layers[0].out_features, PAD=FUSED_PAD, BLOCK=block, GIVEN_UNIFORMS=uniforms is not None,
+            ENV=env_number, N_STATE=envs.state.shape[1], N_OBS=physics.n_obs, N_ACT=physics.n_act,
+            N_NOISE=physics.n_noise, MAX_EPISODE_STEPS=physics.max_episode_steps, HIDDEN=layers[0].out_features,
+            PAD=FUSED_PAD, BLOCK=block, GIVEN_UNIFORMS=uniforms is not None, COPIES=copies, SUBSTEPS=substeps,
             num_warps=4,
         )  # fmt: skip
         collect.seed += 1

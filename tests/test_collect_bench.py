@@ -1,11 +1,14 @@
 """collect_bench.py: a tiny sweep through main() (one record per backend and size, samples/s as recorded, the table,
-the figures, the backends that cannot run here skipped with their reason); the trajectories the backends write,
-against a direct run of the script's make_collect and against the simulators replayed; the event counts on a
-hand-built trace; and bad input."""
+the figures, the backends that cannot run here skipped with their reason), and a tiny S/C sweep (Figure 9); the
+trajectories the backends write, against a direct run of the script's make_collect and against the simulators
+replayed; the heavier CartPole against gymnasium's; the event counts on a hand-built trace; and bad input."""
 
 import importlib.util
 import json
 import os
+import warnings
+
+import gymnasium as gym
 
 import numpy as np
 import pytest
@@ -62,8 +65,8 @@ def test_sweep_records(sweep):
     records, _, out = sweep
     measured = [b for b in bench.BACKENDS if b not in expected_skips()]
     assert {"gymnasium", "torch-eager", "torch-compile"} <= set(measured)
-    keys = [(r["backend"], r["num_envs"], r["num_steps"]) for r in records]
-    assert sorted(keys) == sorted((b, n, k) for b in measured for n, k in POINTS)
+    keys = [(r["backend"], r["num_envs"], r["num_steps"], r["state_factor"], r["compute_factor"]) for r in records]
+    assert sorted(keys) == sorted((b, n, k, 1, 1) for b in measured for n, k in POINTS)
     assert [json.loads(line) for line in (out / "collect_bench.jsonl").read_text().splitlines()] == records
     for r in records:
         assert r["calls"] >= 1 and r["seconds"] >= 0.05 and r["warmup_seconds"] > 0
@@ -87,9 +90,9 @@ def test_sweep_skips_and_outputs(sweep):
     for backend, fragment in expected_skips().items():
         assert fragment in reasons[backend], reasons[backend]
     md = (out / "collect_bench.md").read_text()
-    assert "| backend | N | K | samples/s | calls | warm-up s | kernels per step |" in md
+    assert "| backend | N | K | S | C | samples/s | calls | warm-up s | kernels per step |" in md
     for r in records:
-        row = f"| {r['backend']} | {r['num_envs']} | {r['num_steps']} | {r['samples_per_second']:,.0f} | {r['calls']} |"
+        row = f"| {r['backend']} | {r['num_envs']} | {r['num_steps']} | 1 | 1 | {r['samples_per_second']:,.0f} |"
         assert row in md, row
     for backend, reason in skipped:
         assert f"- {backend}: {reason}" in md
@@ -111,6 +114,57 @@ def test_other_envs_skip_the_cartpole_backends(tmp_path, workdir):
     assert [backend for backend, _ in skipped] == ["gymnasium", "envpool", "jax"]
     assert all("CartPole-v1 only" in reason for _, reason in skipped)
     assert (tmp_path / "figure4.png").exists() and not (tmp_path / "figure8.png").exists()
+
+
+def test_state_and_compute_sweep(tmp_path):
+    """--sweep sc (Figure 9): S at C = 1 and C at S = 1, at --fixed-envs and --fixed-steps, each point once; the
+    heavier points run the heavier CartPole, whose state holds every cart; the CPU simulators have none, and say
+    so; figure9.png is written."""
+    bench = load_script(TOOL)
+    argv = ["--sweep", "sc", "--fixed-envs", "3", "--fixed-steps", "4", "--state-factors", "1", "2",
+            "--compute-factors", "1", "5", "--backends", "torch-eager", "gymnasium", "--min-seconds", "0",
+            "--out", str(tmp_path)]  # fmt: skip
+    records, skipped = bench.main(argv)
+    points = [(1, 1), (2, 1), (1, 5)]
+    assert [(r["backend"], r["num_envs"], r["num_steps"], r["state_factor"], r["compute_factor"]) for r in records] == [
+        ("gymnasium", 3, 4, 1, 1), *[("torch-eager", 3, 4, s, c) for s, c in points]
+    ]
+    assert [r["env_id"] for r in records[1:]] == ["CartPole-v1", "CartPole-v1-S2-C1", "CartPole-v1-S1-C5"]
+    assert all(r["figures"] == ["figure9"] for r in records)
+    assert skipped == [(f"gymnasium N=3 K=4 S={s} C={c}", "no heavier CartPole") for s, c in points[1:]]
+    assert bench.script.ENVS["CartPole-v1-S2-C1"].n_noise == 8
+    assert "| torch-eager | 3 | 4 | 2 | 1 |" in (tmp_path / "collect_bench.md").read_text()
+    assert (tmp_path / "figure9.png").read_bytes().startswith(b"\x89PNG")
+    assert not (tmp_path / "figure4.png").exists()
+
+
+def test_heavier_cartpole_is_gymnasium_substepped():
+    """Each cart of the heavier CartPole, over one step, is gymnasium's CartPole with tau / C stepped C times with
+    the action; the episode ends where any cart's would; the policy sees cart 0; the reset draws every cart."""
+    tool = load_script(TOOL)
+    copies, substeps = 4, 3
+    heavier = tool.script.ENVS[tool.heavier_cartpole(copies, substeps)]
+    n = 64
+    torch.manual_seed(0)
+    state = heavier.initial(torch.rand(n, heavier.n_noise)) * 5  # spread out, so that some carts end
+    assert state.shape == (n, 4 * copies) and heavier.observe(state).shape == (n, 4)
+    actions = torch.randint(0, 2, (n,))
+    stepped, reward, terminated = heavier.step(state, actions)
+    env = gym.make("CartPole-v1").unwrapped
+    env.tau = heavier.tau / substeps
+    env.reset(seed=0)
+    ended = torch.zeros(n, dtype=torch.bool)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # gymnasium warns when a terminated cart is stepped again
+        for i in range(n):
+            for j in range(copies):
+                env.state = state[i, j::copies].double().numpy()
+                for _ in range(substeps):
+                    obs, _, cart_ended, _, _ = env.step(int(actions[i]))
+                torch.testing.assert_close(stepped[i, j::copies], torch.as_tensor(obs), rtol=1e-4, atol=1e-5)
+                ended[i] |= cart_ended
+    assert torch.equal(terminated, ended) and 0 < ended.sum() < n
+    assert torch.equal(heavier.observe(state), state[:, ::copies]) and (reward == 1).all()
 
 
 def direct_rollout(n, k, seed, calls):
@@ -262,6 +316,8 @@ def test_count_events():
         (["--env-id", "Pendulum-v1"], "--env-id 'Pendulum-v1'"),
         (["--min-seconds", "-1"], "--min-seconds -1.0"),
         (["--sweep", "x"], "--sweep"),
+        (["--sweep", "sc", "--env-id", "Acrobot-v1"], "--sweep sc weighs CartPole-v1 down, not Acrobot-v1"),
+        (["--state-factors", "1", "3"], "--state-factors 3 is not a power of two"),
     ],
 )
 def test_bad_input(argv, fragment, capsys, tmp_path):

@@ -1,8 +1,8 @@
 """--fused-rollout of ppo_classic_control_gpu_torchcompile.py, the rollout as one Triton kernel, on the CPU through
 Triton's interpreter: from the same parameters, env states and uniform numbers, its trajectory and episode sums are
-the torch rollout's (make_collect) on every env; its own Philox stream repeats from the seed and samples the
-policy; the bench's torch-fused backend collects what the script does; the script trains with it end to end; bad
-input. The same comparison on CUDA, where there is one.
+the torch rollout's (make_collect) on every env, and on collect_bench's heavier CartPole; its own Philox stream
+repeats from the seed and samples the policy; the bench's torch-fused backend collects what the script does; the
+script trains with it end to end; bad input. The same comparison on CUDA, where there is one.
 
 Triton decides between compiling and interpreting when a kernel is defined, its own (tl.rand, tl.argmax, ...) at
 its first import: a process that imported it without TRITON_INTERPRET=1 (any test that loaded the script) cannot
@@ -26,7 +26,9 @@ ENVS_STATE = ("state", "elapsed", "episode_return", "ended")
 # Small enough for the interpreter (a second or two a rollout), long enough that episodes end: random CartPole
 # episodes last about 20 steps, and half the envs start fewer than num_steps steps short of the time limit.
 NUM_ENVS = 12
-NUM_STEPS = {"CartPole-v1": 48, "Acrobot-v1": 24, "MountainCar-v0": 24}
+# collect_bench's heavier CartPole (Figure 9): 4 carts per env, 3 Euler substeps per step.
+HEAVIER = "CartPole-v1-S4-C3"
+NUM_STEPS = {"CartPole-v1": 48, "Acrobot-v1": 24, "MountainCar-v0": 24, HEAVIER: 32}
 # States one step short of termination, which random Acrobot and MountainCar episodes of a few dozen steps never
 # reach: the link upright (-cos(t1) - cos(t1 + t2) is about 1.98 > 1), the car at 0.49 moving right at 0.05.
 NEAR_GOAL = {"Acrobot-v1": (3.0, 0.0, 0.0, 0.0), "MountainCar-v0": (0.49, 0.05)}
@@ -46,8 +48,12 @@ def in_interpreter(check, *args):
 
 def make_pair(env_id, num_steps, device, seed=0):
     """One agent, and two copies of the same envs (half of them near their time limit) with a rollout each, the
-    first collected by make_collect, the second by make_fused_collect: agent, [(envs, rollout, collect)] * 2."""
-    script = load_script(FAST)
+    first collected by make_collect, the second by make_fused_collect: agent, [(envs, rollout, collect)] * 2.
+    The script is the one collect_bench loads, where the heavier CartPole is registered."""
+    tool = load_script(TOOL)
+    script = tool.script
+    if env_id == HEAVIER:
+        assert tool.heavier_cartpole(4, 3) == HEAVIER
     args = script.Args(env_id=env_id, num_envs=NUM_ENVS, num_steps=num_steps, fused_rollout=True)
     torch.manual_seed(seed)
     physics = script.ENVS[env_id]

@@ -1,6 +1,7 @@
 """Data-collection throughput, in the shape of Gleeson et al. 2022, "Optimizing Data Collection in Deep RL"
-(Figures 4, 6 and 8): env steps (samples) per second of policy forward, action sampling, env step and
-auto-reset, with the trajectory written, over N envs and K steps per call, for each way of collecting:
+(Figures 4, 6, 8 and 9): env steps (samples) per second of policy forward, action sampling, env step and
+auto-reset, with the trajectory written, over N envs and K steps per call, and over a heavier CartPole (state
+factor S: S carts per env; compute factor C: C Euler substeps per env step), for each way of collecting:
 
     gymnasium      gymnasium's numpy-vectorized CartPole on the CPU, the torch policy on the device
     envpool        envpool's CartPole-v1 on the CPU, the same policy arrangement
@@ -12,7 +13,10 @@ auto-reset, with the trajectory written, over N envs and K steps per call, for e
                    the CPU when started with TRITON_INTERPRET=1: Triton's interpreter, slow, for tests)
     jax            the same network and CartPole in JAX, K steps as one jit of lax.scan (where jax imports)
 
-One call collects K steps of N envs (N*K samples). Warm-up calls (compilation, capture) are timed apart;
+One call collects K steps of N envs (N*K samples). The heavier CartPole is the script's CartPole with `copies`
+S and `substeps` C (its docstring says how they work); the policy is the same, so S and C weigh on the
+simulator alone: S on the state each step reads and writes (registers in the fused kernel, memory elsewhere),
+C on the arithmetic. The CPU simulators have no heavier CartPole. Warm-up calls (compilation, capture) are timed apart;
 then calls repeat until --min-seconds have passed, and samples/s = N*K*calls/seconds, synchronised at the
 end. After the timing one more call is profiled: GPU kernels per env step (Figure 6; on the CPU, aten ops).
 
@@ -25,13 +29,16 @@ end. After the timing one more call is profiled: GPU kernels per env step (Figur
     python leanrl/tools/collect_bench.py --sweep n --backends torch-graph jax --out runs/collect_bench_n \\
         --envs 2^0 2^1 2^2 2^3 2^4 2^5 2^6 2^7 2^8 2^9 2^10 2^11 2^12 2^13 2^14 2^15 2^16 2^17 2^18 2^19 2^20
 
+    # Figure 9: S = 1, 4, 16, 64 at C = 1 and C = 1, 4, 16, 64 at S = 1, at N = 4096 and K = 128
+    python leanrl/tools/collect_bench.py --sweep sc --backends torch-graph torch-fused jax --out runs/collect_bench_sc
+
     # a quick look on a laptop (CPU: the torch-graph backends are skipped, and say why)
     python leanrl/tools/collect_bench.py --envs 1 16 256 --steps 1 16 128 --fixed-envs 256 \\
         --backends gymnasium envpool torch-eager torch-compile --min-seconds 0.3 --out runs/collect_bench
 
 Writes OUT/collect_bench.md (a table per measurement, the torch/JAX ratios, what was skipped and why),
-OUT/collect_bench.jsonl (one record per measurement) and OUT/figure4.png, OUT/figure8.png (log-log, one line
-per backend) for the sweeps run.
+OUT/collect_bench.jsonl (one record per measurement) and OUT/figure4.png, OUT/figure8.png, OUT/figure9.png
+(log-log, one line per backend) for the sweeps run.
 """
 
 import argparse
@@ -73,10 +80,13 @@ TORCH_MODES = {
 TORCH_BACKENDS = (*TORCH_MODES, "torch-fused")
 # In this order: JAX last, so the memory it keeps once it has run does not crowd the torch backends.
 BACKENDS = ("gymnasium", "envpool", *TORCH_BACKENDS, "jax")
-# Backends with a CartPole of their own (not the script's Envs), each from a package of that name.
+# Backends with a CartPole of their own (not the script's Envs), each from a package of that name; the CPU
+# simulators among them have no heavier CartPole (--sweep sc).
 OWN_CARTPOLE = ("gymnasium", "envpool", "jax")
+CPU_SIMULATORS = ("gymnasium", "envpool")
 DEFAULT_ENVS = [4**i for i in range(11)]  # 2^0 .. 2^20
 DEFAULT_STEPS = [4**i for i in range(6)]  # 2^0 .. 2^10
+DEFAULT_FACTORS = [4**i for i in range(4)]  # 1 .. 64, for S and for C
 # Calls before the timing: the first compiles (jit, torch.compile) and allocates, and torch.compile makes the
 # step index symbolic at its second step, within the first call. CUDA graphs need more: see build_torch.
 WARMUP_CALLS = 2
@@ -124,6 +134,17 @@ def count(option):
         return value
 
     return parse
+
+
+def heavier_cartpole(copies, substeps):
+    """The env id of the script's CartPole with `copies` carts per env and `substeps` Euler steps per env step,
+    registered in the script's ENVS (where Envs and the fused kernel find it); CartPole-v1 itself for one each."""
+    if (copies, substeps) == (1, 1):
+        return "CartPole-v1"
+    env_id = f"CartPole-v1-S{copies}-C{substeps}"
+    attributes = {"copies": copies, "substeps": substeps, "n_noise": script.CartPole.n_noise * copies}
+    script.ENVS.setdefault(env_id, type(env_id, (script.CartPole,), attributes))
+    return env_id
 
 
 # --- which backends can run here ------------------------------------------------------------------------------
@@ -244,16 +265,16 @@ def build_simulator(backend, env_id, n, k, device, seed):
 
 
 def build_jax(backend, env_id, n, k, device, seed):
-    """The script's network (its weights, from the same seed) and CartPole with the script's Envs semantics
-    (same-step auto-reset with fresh noise drawn for every env every step, the time limit, the episode sums),
-    K steps as one jitted lax.scan whose outputs are the trajectory."""
+    """The script's network (its weights, from the same seed) and CartPole (or a heavier one) with the script's
+    Envs semantics (same-step auto-reset with fresh noise drawn for every env every step, the time limit, the
+    episode sums), K steps as one jitted lax.scan whose outputs are the trajectory."""
     import jax
     import jax.numpy as jnp
 
     jax_device = jax.devices(jax_platform(device))[0]
     net = seeded(env_id, n, k, device, seed)[2].net
     params = jax.device_put({name: p.detach().cpu().numpy() for name, p in net.state_dict().items()}, jax_device)
-    c = script.CartPole
+    c = script.ENVS[env_id]
 
     def mlp(params, prefix, x):
         # Linear layers 0, 2, 4 of the script's nn.Sequential, tanh between; full float32 matmuls, as torch's.
@@ -263,19 +284,21 @@ def build_jax(backend, env_id, n, k, device, seed):
             x = jnp.tanh(x) if i < 4 else x
         return x
 
-    def physics(state, action):  # the script's CartPole.step
-        x, x_dot, theta, theta_dot = state[:, 0], state[:, 1], state[:, 2], state[:, 3]
-        force = jnp.where(action == 1, c.force_mag, -c.force_mag).astype(jnp.float32)
-        costheta, sintheta = jnp.cos(theta), jnp.sin(theta)
-        temp = (force + c.polemass_length * theta_dot**2 * sintheta) / c.total_mass
-        thetaacc = (c.gravity * sintheta - costheta * temp) / (
-            c.length * (4.0 / 3.0 - c.masspole * costheta**2 / c.total_mass)
-        )
-        xacc = temp - c.polemass_length * thetaacc * costheta / c.total_mass
-        x, x_dot = x + c.tau * x_dot, x_dot + c.tau * xacc
-        theta, theta_dot = theta + c.tau * theta_dot, theta_dot + c.tau * thetaacc
-        terminated = (jnp.abs(x) > c.x_threshold) | (jnp.abs(theta) > c.theta_threshold)
-        return jnp.stack((x, x_dot, theta, theta_dot), -1), jnp.ones_like(x), terminated
+    def physics(state, action):  # the script's CartPole.step, its copies and substeps unrolled as there
+        x, x_dot, theta, theta_dot = jnp.moveaxis(state.reshape(n, 4, c.copies), 1, 0)
+        force = jnp.where(action == 1, c.force_mag, -c.force_mag).astype(jnp.float32)[:, None]
+        tau = c.tau / c.substeps
+        for _ in range(c.substeps):
+            costheta, sintheta = jnp.cos(theta), jnp.sin(theta)
+            temp = (force + c.polemass_length * theta_dot**2 * sintheta) / c.total_mass
+            thetaacc = (c.gravity * sintheta - costheta * temp) / (
+                c.length * (4.0 / 3.0 - c.masspole * costheta**2 / c.total_mass)
+            )
+            xacc = temp - c.polemass_length * thetaacc * costheta / c.total_mass
+            x, x_dot = x + tau * x_dot, x_dot + tau * xacc
+            theta, theta_dot = theta + tau * theta_dot, theta_dot + tau * thetaacc
+        terminated = ((jnp.abs(x) > c.x_threshold) | (jnp.abs(theta) > c.theta_threshold)).any(-1)
+        return jnp.concatenate((x, x_dot, theta, theta_dot), -1), jnp.ones(n, jnp.float32), terminated
 
     def initial(key):  # the script's CartPole.initial of uniform noise
         return c.initial(jax.random.uniform(key, (n, c.n_noise), dtype=jnp.float32))
@@ -395,8 +418,10 @@ def out_of_memory(e):
     )
 
 
-def run_one(backend, env_id, n, k, device, args, environment):
-    """The record of one backend at one (N, K)."""
+def run_one(backend, point, device, args, environment):
+    """The record of one backend at one point (N, K, S, C)."""
+    n, k, s, c = point
+    env_id = heavier_cartpole(s, c) if (s, c) != (1, 1) else args.env_id
     bench = build(backend, env_id, n, k, device, args.seed)
     warmup_seconds, calls, seconds = measure(bench, args.min_seconds)
     counts = profile_call(bench, k, device) if bench.profiled and args.kernels else {}
@@ -406,6 +431,8 @@ def run_one(backend, env_id, n, k, device, args, environment):
         "env_id": env_id,
         "num_envs": n,
         "num_steps": k,
+        "state_factor": s,
+        "compute_factor": c,
         "calls": calls,
         "seconds": seconds,
         "samples_per_second": n * k * calls / seconds,
@@ -418,10 +445,10 @@ def run_one(backend, env_id, n, k, device, args, environment):
     }
 
 
-def run_point(backend, env_id, n, k, device, args, environment):
+def run_point(backend, point, device, args, environment):
     """run_one's record, or None where the device ran out of memory; the memory is freed either way."""
     try:
-        return run_one(backend, env_id, n, k, device, args, environment)
+        return run_one(backend, point, device, args, environment)
     except Exception as e:
         if not out_of_memory(e):
             raise
@@ -462,9 +489,22 @@ def environment_of(device):
 # --- reporting ------------------------------------------------------------------------------------------------
 
 
+# A record's point, and its names in tables and progress lines.
+POINT_KEYS = ("num_envs", "num_steps", "state_factor", "compute_factor")
+POINT_NAMES = ("N", "K", "S", "C")
+
+
+def point_of(record):
+    return tuple(record[key] for key in POINT_KEYS)
+
+
+def point_text(point):
+    return " ".join(f"{name}={value}" for name, value in zip(POINT_NAMES, point))
+
+
 def progress_line(r):
     return (
-        f"{r['backend']} N={r['num_envs']} K={r['num_steps']}: {r['samples_per_second']:,.0f} samples/s "
+        f"{r['backend']} {point_text(point_of(r))}: {r['samples_per_second']:,.0f} samples/s "
         f"({r['calls']} calls in {r['seconds']:.2f} s, warm-up {r['warmup_seconds']:.2f} s)"
     )
 
@@ -487,49 +527,56 @@ def render_markdown(records, skipped, environment, args):
         " after the warm-up calls; kernels per step: GPU kernels per env step over one profiled call"
         " (on the CPU: aten ops per env step).",
         "",
-        "| backend | N | K | samples/s | calls | warm-up s | kernels per step |",
-        "|---|---|---|---|---|---|---|",
+        "(S, C: the heavier CartPole's state and compute factors; 1 and 1 is CartPole-v1.)",
+        "",
+        "| backend | N | K | S | C | samples/s | calls | warm-up s | kernels per step |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in sorted(records, key=lambda r: (BACKENDS.index(r["backend"]), r["num_envs"], r["num_steps"])):
+    for r in sorted(records, key=lambda r: (BACKENDS.index(r["backend"]), point_of(r))):
         lines.append(
-            f"| {r['backend']} | {r['num_envs']} | {r['num_steps']} | {r['samples_per_second']:,.0f} | {r['calls']} "
-            f"| {r['warmup_seconds']:.2f} | {per_step_cell(r)} |"
+            f"| {r['backend']} | " + " | ".join(map(str, point_of(r))) + f" | {r['samples_per_second']:,.0f} "
+            f"| {r['calls']} | {r['warmup_seconds']:.2f} | {per_step_cell(r)} |"
         )
-    by_key = {(r["backend"], r["num_envs"], r["num_steps"]): r["samples_per_second"] for r in records}
+    by_key = {(r["backend"], point_of(r)): r["samples_per_second"] for r in records}
     torch_backends = [b for b in TORCH_BACKENDS if any(r["backend"] == b for r in records)]
-    pairs = sorted({(n, k) for b, n, k in by_key if b == "jax" and any((t, n, k) in by_key for t in torch_backends)})
-    if pairs:
+    points = sorted({p for b, p in by_key if b == "jax" and any((t, p) in by_key for t in torch_backends)})
+    if points:
         lines += ["", "## Torch against JAX (ratio of samples/s)", ""]
-        lines += ["| N | K | " + " | ".join(f"{b} / jax" for b in torch_backends) + " |"]
-        lines += ["|---|---|" + "---|" * len(torch_backends)]
-        for n, k in pairs:
-            ratios = [by_key.get((b, n, k)) for b in torch_backends]
-            cells = [f"{r / by_key['jax', n, k]:.2f}" if r else "—" for r in ratios]
-            lines.append(f"| {n} | {k} | " + " | ".join(cells) + " |")
+        lines += ["| N | K | S | C | " + " | ".join(f"{b} / jax" for b in torch_backends) + " |"]
+        lines += ["|---|---|---|---|" + "---|" * len(torch_backends)]
+        for point in points:
+            ratios = [by_key.get((b, point)) for b in torch_backends]
+            cells = [f"{r / by_key['jax', point]:.2f}" if r else "—" for r in ratios]
+            lines.append("| " + " | ".join(map(str, point)) + " | " + " | ".join(cells) + " |")
     if skipped:
         lines += ["", "## Skipped", ""] + [f"- {what}: {why}" for what, why in skipped]
     return "\n".join(lines) + "\n"
 
 
-def render_figure(records, path, x_key, fixed_key, fixed_value, environment):
-    """Samples/s against x_key (num_envs: the paper's Figure 4; num_steps: its Figure 8), where fixed_key has
-    fixed_value, one line per backend."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for backend in BACKENDS:
-        points = sorted((r[x_key], r["samples_per_second"]) for r in records
-                        if r["backend"] == backend and r[fixed_key] == fixed_value)  # fmt: skip
-        if points:
-            ax.plot(*zip(*points), marker="o", label=backend)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("envs N" if x_key == "num_envs" else "steps per call K")
-    ax.set_ylabel("samples/s")
-    fixed = "K" if fixed_key == "num_steps" else "N"
-    ax.set_title(f"samples/s against {'N' if fixed == 'K' else 'K'} at {fixed} = {fixed_value}, "
-                 f"{environment['device_name']}", fontsize=10)  # fmt: skip
-    ax.grid(True, which="major", alpha=0.3)
-    if ax.lines:
-        ax.legend(fontsize=8)
+AXIS_LABELS = {"num_envs": "envs N", "num_steps": "steps per call K", "state_factor": "state factor S",
+               "compute_factor": "compute factor C"}  # fmt: skip
+
+
+def render_figure(records, path, panels, environment):
+    """One panel per (x_key, fixed): samples/s against x_key where the other point keys have the values in fixed,
+    one line per backend (Figure 4: against num_envs; 8: num_steps; 9: state_factor, then compute_factor)."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.5), squeeze=False)
+    for ax, (x_key, fixed) in zip(axes[0], panels):
+        for backend in BACKENDS:
+            points = sorted((r[x_key], r["samples_per_second"]) for r in records if r["backend"] == backend
+                            and all(r[key] == value for key, value in fixed.items()))  # fmt: skip
+            if points:
+                ax.plot(*zip(*points), marker="o", label=backend, color=f"C{BACKENDS.index(backend)}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel(AXIS_LABELS[x_key])
+        ax.set_ylabel("samples/s")
+        at = ", ".join(f"{name} = {fixed[key]}" for key, name in zip(POINT_KEYS, POINT_NAMES) if key in fixed)
+        ax.set_title(f"samples/s against {AXIS_LABELS[x_key]} at {at}", fontsize=10)
+        ax.grid(True, which="major", alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8)
+    fig.suptitle(environment["device_name"], fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -544,11 +591,16 @@ def parse_args(argv):
                         help="N, the envs of the N sweep (as 4096 or 2^12)")  # fmt: skip
     parser.add_argument("--steps", nargs="+", default=DEFAULT_STEPS, type=count("--steps"),
                         help="K, the steps per call of the K sweep")  # fmt: skip
-    parser.add_argument("--sweep", choices=("n", "k", "both"), default="both",
+    parser.add_argument("--state-factors", nargs="+", default=DEFAULT_FACTORS, type=count("--state-factors"),
+                        help="S, the carts per env of the S/C sweep (powers of two)")  # fmt: skip
+    parser.add_argument("--compute-factors", nargs="+", default=DEFAULT_FACTORS, type=count("--compute-factors"),
+                        help="C, the Euler substeps per env step of the S/C sweep")  # fmt: skip
+    parser.add_argument("--sweep", choices=("n", "k", "both", "sc"), default="both",
                         help="n: samples/s against N at K=--fixed-steps (Figure 4); k: against K at N=--fixed-envs "
-                        "(Figure 8)")  # fmt: skip
-    parser.add_argument("--fixed-steps", type=count("--fixed-steps"), default=128, help="K of the N sweep")
-    parser.add_argument("--fixed-envs", type=count("--fixed-envs"), default=4096, help="N of the K sweep")
+                        "(Figure 8); both: n and k; sc: against S at C=1 and against C at S=1, at N=--fixed-envs and "
+                        "K=--fixed-steps (Figure 9, CartPole-v1 only)")  # fmt: skip
+    parser.add_argument("--fixed-steps", type=count("--fixed-steps"), default=128, help="K of the N and S/C sweeps")
+    parser.add_argument("--fixed-envs", type=count("--fixed-envs"), default=4096, help="N of the K and S/C sweeps")
     parser.add_argument("--backends", nargs="+", default=list(BACKENDS), help=f"any of {', '.join(BACKENDS)}")
     parser.add_argument("--env-id", default="CartPole-v1", help=f"one of {', '.join(script.ENVS)}")
     parser.add_argument("--min-seconds", type=float, default=1.0, help="timed calls repeat until this long")
@@ -571,6 +623,11 @@ def parse_args(argv):
     args.backends = [b for b in BACKENDS if b in backends]  # in BACKENDS' order, whatever the order given
     if args.env_id not in script.ENVS:
         fail(f"--env-id {args.env_id!r} is not one of the script's environments: {', '.join(script.ENVS)}")
+    if args.sweep == "sc" and args.env_id != "CartPole-v1":
+        fail(f"--sweep sc weighs CartPole-v1 down, not {args.env_id}")
+    for factor in args.state_factors:
+        if factor & (factor - 1):
+            fail(f"--state-factors {factor} is not a power of two (the fused kernel holds the carts as a tile)")
     if not args.min_seconds >= 0:
         fail(f"--min-seconds {args.min_seconds} must be 0 or more")
     if args.torch_threads < 0:
@@ -592,14 +649,18 @@ def parse_args(argv):
 
 
 def sweep_points(args):
-    """{(N, K): the figures it belongs to}, each (N, K) measured once even where both sweeps have it."""
+    """{(N, K, S, C): the figures it belongs to}, each point measured once even where two sweeps have it."""
     points = {}
     if args.sweep in ("n", "both"):
         for n in args.envs:
-            points.setdefault((n, args.fixed_steps), []).append("figure4")
+            points.setdefault((n, args.fixed_steps, 1, 1), []).append("figure4")
     if args.sweep in ("k", "both"):
         for k in args.steps:
-            points.setdefault((args.fixed_envs, k), []).append("figure8")
+            points.setdefault((args.fixed_envs, k, 1, 1), []).append("figure8")
+    if args.sweep == "sc":
+        factors = [(s, 1) for s in args.state_factors] + [(1, c) for c in args.compute_factors]
+        for s, c in dict.fromkeys(factors):  # S = C = 1 is on both panels of the one figure
+            points.setdefault((args.fixed_envs, args.fixed_steps, s, c), []).append("figure9")
     return points
 
 
@@ -611,12 +672,17 @@ def write_outputs(records, skipped, environment, args, figures=True):
         f.writelines(json.dumps(r) + "\n" for r in records)
     if not figures:
         return
+    plain = {"state_factor": 1, "compute_factor": 1}
     if args.sweep in ("n", "both"):
-        path = os.path.join(args.out, "figure4.png")
-        render_figure(records, path, "num_envs", "num_steps", args.fixed_steps, environment)
+        panels = [("num_envs", {"num_steps": args.fixed_steps, **plain})]
+        render_figure(records, os.path.join(args.out, "figure4.png"), panels, environment)
     if args.sweep in ("k", "both"):
-        path = os.path.join(args.out, "figure8.png")
-        render_figure(records, path, "num_steps", "num_envs", args.fixed_envs, environment)
+        panels = [("num_steps", {"num_envs": args.fixed_envs, **plain})]
+        render_figure(records, os.path.join(args.out, "figure8.png"), panels, environment)
+    if args.sweep == "sc":
+        fixed = {"num_envs": args.fixed_envs, "num_steps": args.fixed_steps}
+        panels = [("state_factor", {**fixed, "compute_factor": 1}), ("compute_factor", {**fixed, "state_factor": 1})]
+        render_figure(records, os.path.join(args.out, "figure9.png"), panels, environment)
 
 
 def main(argv=None):
@@ -635,11 +701,16 @@ def main(argv=None):
                 print(f"skipped {backend}: {reason}", flush=True)
                 skipped.append((backend, reason))
                 continue
-            for (n, k), figures in sweep_points(args).items():
-                record = run_point(backend, args.env_id, n, k, device, args, environment)
+            for point, figures in sweep_points(args).items():
+                where = f"{backend} {point_text(point)}"
+                if backend in CPU_SIMULATORS and point[2:] != (1, 1):
+                    print(f"skipped {where}: no heavier CartPole", flush=True)
+                    skipped.append((where, "no heavier CartPole"))
+                    continue
+                record = run_point(backend, point, device, args, environment)
                 if record is None:
-                    print(f"skipped {backend} N={n} K={k}: out of memory", flush=True)
-                    skipped.append((f"{backend} N={n} K={k}", "out of memory"))
+                    print(f"skipped {where}: out of memory", flush=True)
+                    skipped.append((where, "out of memory"))
                 else:
                     records.append({**record, "figures": figures})
                     print(progress_line(record), flush=True)
