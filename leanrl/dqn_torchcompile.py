@@ -380,6 +380,11 @@ class ReplayBuffer:
     def push(self):
         self.row.copy_(self.staged, non_blocking=True)
         self.storage.index_copy_(0, self.ptr, self.row)
+        self.advance()
+
+    def advance(self):
+        """The write position and the size after a push (make_train_step compiles it with --compile: one kernel,
+        not four)."""
         self.ptr.add_(1).remainder_(self.max_size)
         self.size.add_(1).clamp_(max=self.max_size)
 
@@ -487,6 +492,8 @@ def make_train_step(rb, update, update_target, act, act_on_device, args):
     act_on_device, through act). With --cudagraphs each kind of step, acting included, is one captured graph: one
     replay and one wait per env step. The latest value of each of STATS lands in `stats`, fixed device tensors."""
     stats = {name: torch.zeros((), device=rb.device) for name in STATS}
+    if args.compile:
+        rb.advance = torch.compile(rb.advance)
 
     def step(q_update, target_update):
         rb.push()
@@ -524,7 +531,8 @@ def make_act(policy, n_obs, device):
     inputs_host = torch.zeros(1, n_obs + 1, pin_memory=pinned)
     inputs_device = torch.zeros(1, n_obs + 1, device=device)
     action_host = torch.zeros(1, dtype=torch.long, pin_memory=pinned)
-    inputs = inputs_host.numpy()[0]  # a view: writing it fills the pinned memory
+    inputs, action = inputs_host.numpy()[0], action_host.numpy()  # views: numpy reads and writes them for less
+    stream = torch.cuda.current_stream(device) if pinned else None
 
     def act_on_device():
         inputs_device.copy_(inputs_host, non_blocking=True)
@@ -535,8 +543,8 @@ def make_act(policy, n_obs, device):
         inputs[:n_obs], inputs[n_obs] = obs, epsilon
         device_work()
         if pinned:
-            torch.cuda.current_stream(device).synchronize()
-        return int(action_host[0])
+            stream.synchronize()
+        return int(action[0])
 
     return act, act_on_device
 
