@@ -271,19 +271,24 @@ class CartPole:
         return state[:, :: cls.copies]
 
     @classmethod
+    def substep(cls, x, x_dot, theta, theta_dot, force, costheta, sintheta):
+        """One Euler step of tau / substeps: arithmetic only, so any array library's arrays step through it."""
+        tau = cls.tau / cls.substeps
+        temp = (force + cls.polemass_length * theta_dot**2 * sintheta) / cls.total_mass
+        thetaacc = (cls.gravity * sintheta - costheta * temp) / (
+            cls.length * (4.0 / 3.0 - cls.masspole * costheta**2 / cls.total_mass)
+        )
+        xacc = temp - cls.polemass_length * thetaacc * costheta / cls.total_mass
+        x, x_dot = x + tau * x_dot, x_dot + tau * xacc
+        theta, theta_dot = theta + tau * theta_dot, theta_dot + tau * thetaacc
+        return x, x_dot, theta, theta_dot
+
+    @classmethod
     def step(cls, state, action):
         x, x_dot, theta, theta_dot = state.unflatten(-1, (4, cls.copies)).unbind(-2)
         force = torch.where(action == 1, cls.force_mag, -cls.force_mag)[:, None]
-        tau = cls.tau / cls.substeps
         for _ in range(cls.substeps):
-            costheta, sintheta = torch.cos(theta), torch.sin(theta)
-            temp = (force + cls.polemass_length * theta_dot**2 * sintheta) / cls.total_mass
-            thetaacc = (cls.gravity * sintheta - costheta * temp) / (
-                cls.length * (4.0 / 3.0 - cls.masspole * costheta**2 / cls.total_mass)
-            )
-            xacc = temp - cls.polemass_length * thetaacc * costheta / cls.total_mass
-            x, x_dot = x + tau * x_dot, x_dot + tau * xacc
-            theta, theta_dot = theta + tau * theta_dot, theta_dot + tau * thetaacc
+            x, x_dot, theta, theta_dot = cls.substep(x, x_dot, theta, theta_dot, force, theta.cos(), theta.sin())
         terminated = ((x.abs() > cls.x_threshold) | (theta.abs() > cls.theta_threshold)).any(-1)
         return torch.cat((x, x_dot, theta, theta_dot), -1), torch.ones_like(x[:, 0]), terminated
 
@@ -850,6 +855,7 @@ if triton is not None:  # the kernel and its parts, written as the torch code ab
             copy = tl.zeros_like(env)
         else:
             copy = tl.arange(0, COPIES)[None, :]
+        # `copy < COPIES` holds everywhere: it spreads `live` to the state's shape.
         at, tile = per_copy(env * N_STATE, COPIES) + copy, per_copy(live, COPIES) & (copy < COPIES)
         s0 = tl.load(state_ptr + at, mask=tile, other=0.0)
         s1 = tl.load(state_ptr + at + COPIES, mask=tile, other=0.0)

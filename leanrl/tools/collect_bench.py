@@ -284,19 +284,11 @@ def build_jax(backend, env_id, n, k, device, seed):
             x = jnp.tanh(x) if i < 4 else x
         return x
 
-    def physics(state, action):  # the script's CartPole.step, its copies and substeps unrolled as there
+    def physics(state, action):  # the script's CartPole.step, its substeps unrolled as there, through its substep
         x, x_dot, theta, theta_dot = jnp.moveaxis(state.reshape(n, 4, c.copies), 1, 0)
         force = jnp.where(action == 1, c.force_mag, -c.force_mag).astype(jnp.float32)[:, None]
-        tau = c.tau / c.substeps
         for _ in range(c.substeps):
-            costheta, sintheta = jnp.cos(theta), jnp.sin(theta)
-            temp = (force + c.polemass_length * theta_dot**2 * sintheta) / c.total_mass
-            thetaacc = (c.gravity * sintheta - costheta * temp) / (
-                c.length * (4.0 / 3.0 - c.masspole * costheta**2 / c.total_mass)
-            )
-            xacc = temp - c.polemass_length * thetaacc * costheta / c.total_mass
-            x, x_dot = x + tau * x_dot, x_dot + tau * xacc
-            theta, theta_dot = theta + tau * theta_dot, theta_dot + tau * thetaacc
+            x, x_dot, theta, theta_dot = c.substep(x, x_dot, theta, theta_dot, force, jnp.cos(theta), jnp.sin(theta))
         terminated = ((jnp.abs(x) > c.x_threshold) | (jnp.abs(theta) > c.theta_threshold)).any(-1)
         return jnp.concatenate((x, x_dot, theta, theta_dot), -1), jnp.ones(n, jnp.float32), terminated
 
