@@ -1,5 +1,5 @@
-# DQN for discrete actions, as CleanRL defines it, made fast: on-device replay buffer, epsilon-greedy acting on
-# the device, the training step and the next action in one captured graph, torch.compile and CUDA graphs.
+# DQN for discrete actions, as CleanRL defines it, made fast: on-device replay buffer, the greedy action on the
+# device, the training step and the next action in one captured graph, torch.compile and CUDA graphs.
 # Docs: docs/dqn.md
 import functools
 import json
@@ -354,7 +354,9 @@ class ReplayBuffer:
 
     A row is [obs, action, reward, next_obs, done]. Adding a transition is two parts: `stage` writes the row into
     host memory (pinned on CUDA), `push` copies it to the device and stores it (device work only, so a captured
-    training step does both). The write position and the size are device tensors, for the same reason.
+    training step does both). The write position and the size are device tensors, for the same reason. Between a
+    push and the next stage its copy must have read the row: a caller that has not waited for the device since
+    the push sets `in_flight`, and stage waits.
     """
 
     def __init__(self, size, batch_size, n_obs, device):
@@ -370,10 +372,13 @@ class ReplayBuffer:
         self.ptr = torch.zeros(1, dtype=torch.long, device=device)
         self.size = torch.zeros(1, dtype=torch.long, device=device)
         self.max_size, self.device = size, device
+        self.stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+        self.in_flight = False
 
     def stage(self, obs, next_obs, action, reward, done):
-        # The caller has waited for the device since the last push (the training step does, for the action it
-        # returns), so that push's copy has read `staged`.
+        if self.in_flight:
+            self.stream.synchronize()
+            self.in_flight = False
         for part, value in zip(self.staged_parts, (obs, action, reward, next_obs, done)):
             part[:] = value
 
@@ -471,13 +476,10 @@ def make_update_fns(agent, args, batch):
         sources = [p.detach() for p in agent.q_network.parameters()]
         torch._foreach_lerp_([p.detach() for p in agent.target_network.parameters()], sources, args.tau)
 
-    def policy(obs, epsilon):
-        # Epsilon-greedy without a branch on the host: both actions are computed, torch.where picks one.
+    def policy(obs):
+        # The greedy action only: whether to explore is the host's draw, as in the baseline (train's explore).
         with torch.no_grad():
-            q_values = agent.q_network(obs)
-        explore = torch.rand(len(obs), device=obs.device) < epsilon
-        random_actions = torch.randint(0, q_values.shape[1], (len(obs),), device=obs.device)
-        return torch.where(explore, random_actions, q_values.argmax(dim=1))
+            return agent.q_network(obs).argmax(dim=1)
 
     if args.compile:
         update, update_target, policy = map(torch.compile, (update, update_target, policy))
@@ -486,16 +488,17 @@ def make_update_fns(agent, args, batch):
 
 
 def make_train_step(rb, update, update_target, act, act_on_device, args):
-    """train_step(q_update, target_update, obs, epsilon) -> action: what follows each env step, and the action of
+    """train_step(q_update, target_update, obs) -> action: what follows each env step, and the greedy action of
     the next one. It stores the staged transition, then, if asked, samples a batch and updates the Q network, and
-    updates the target network; then it acts for the next step, on its observation obs with its epsilon (make_act's
-    act_on_device, through act). With --cudagraphs each kind of step, acting included, is one captured graph: one
-    replay and one wait per env step. The latest value of each of STATS lands in `stats`, fixed device tensors."""
+    updates the target network; then it acts greedily on the next step's observation obs (make_act's
+    act_on_device, through act), unless obs is None: the next step explores, and nothing waits for the device.
+    With --cudagraphs each kind of step, acting included, is one captured graph: one replay per env step, and one
+    wait when it acts. The latest value of each of STATS lands in `stats`, fixed device tensors."""
     stats = {name: torch.zeros((), device=rb.device) for name in STATS}
     if args.compile:
         rb.advance = torch.compile(rb.advance)
 
-    def step(q_update, target_update):
+    def step(q_update, target_update, greedy):
         rb.push()
         if q_update:
             rb.sample()
@@ -503,44 +506,49 @@ def make_train_step(rb, update, update_target, act, act_on_device, args):
                 stats[name].copy_(value)
         if target_update:
             update_target()
-        act_on_device()
+        if greedy:
+            act_on_device()
 
     steps = {}
 
-    def train_step(q_update, target_update, obs, epsilon):
-        kind = (q_update, target_update)
+    def train_step(q_update, target_update, obs):
+        kind = (q_update, target_update, obs is not None)
         if kind not in steps:
             steps[kind] = functools.partial(step, *kind)
             if args.cudagraphs:
                 steps[kind] = CudaGraphModule(steps[kind], warmup=3 if args.compile else 2)
-        return act(obs, epsilon, steps[kind])
+        if obs is None:
+            steps[kind]()
+            rb.in_flight = rb.stream is not None
+            return None
+        return act(obs, steps[kind])
 
     return train_step, stats
 
 
 def make_act(policy, n_obs, device):
-    """(act, act_on_device): acting for one env, a numpy observation and epsilon in, an int action out.
+    """(act, act_on_device): the Q network's greedy action for one env, a numpy observation in, an int action out.
 
-    act(obs, epsilon, device_work=act_on_device) writes the observation and epsilon into pinned host memory, runs
-    device_work, waits for the device and reads the action. act_on_device, device work only, copies the inputs to
-    a fixed device tensor, runs the policy and copies the action back to pinned host memory. make_train_step ends
-    each training step with act_on_device and hands the step to act: under --cudagraphs the copies and the policy
-    are part of the step's captured graph. Alone, act serves a run's first step, which no training step acted
-    ahead for: once a run, so it is not captured."""
+    act(obs, device_work=act_on_device) writes the observation into pinned host memory, runs device_work, waits for
+    the device and reads the action. act_on_device, device work only, copies the observation to a fixed device
+    tensor, runs the policy and copies the action back to pinned host memory. make_train_step ends each training
+    step that acts with act_on_device and hands the step to act: under --cudagraphs the copies and the policy are
+    part of the step's captured graph. Alone, act serves a run's first step, which no training step acted ahead
+    for: once a run, so it is not captured."""
     pinned = device.type == "cuda"
-    inputs_host = torch.zeros(1, n_obs + 1, pin_memory=pinned)
-    inputs_device = torch.zeros(1, n_obs + 1, device=device)
+    obs_host = torch.zeros(1, n_obs, pin_memory=pinned)
+    obs_device = torch.zeros(1, n_obs, device=device)
     action_host = torch.zeros(1, dtype=torch.long, pin_memory=pinned)
-    inputs, action = inputs_host.numpy()[0], action_host.numpy()  # views: numpy reads and writes them for less
+    obs_view, action = obs_host.numpy()[0], action_host.numpy()  # views: numpy reads and writes them for less
     stream = torch.cuda.current_stream(device) if pinned else None
 
     def act_on_device():
-        inputs_device.copy_(inputs_host, non_blocking=True)
-        action_host.copy_(policy(inputs_device[:, :n_obs], inputs_device[:, n_obs]), non_blocking=True)
+        obs_device.copy_(obs_host, non_blocking=True)
+        action_host.copy_(policy(obs_device), non_blocking=True)
 
-    def act(obs, epsilon, device_work=act_on_device):
+    def act(obs, device_work=act_on_device):
         # The previous act's copies are done: it waited for them.
-        inputs[:n_obs], inputs[n_obs] = obs, epsilon
+        obs_view[:] = obs
         device_work()
         if pinned:
             stream.synchronize()
@@ -907,6 +915,12 @@ def train(args, meter, checkpoint):
                                    args.exploration_fraction * args.total_timesteps)  # fmt: skip
     # The coming step's action: each training step ends by acting for the step after it.
     action = None
+
+    def explore(step):
+        """The baseline's draws for env step `step`, in its order: with probability epsilon a random action, else
+        None (the Q network acts greedily)."""
+        return int(env.action_space.sample()) if random.random() < epsilon_at(step) else None
+
     if checkpoint is not None:
         obs, action = restore_run(checkpoint["state"], agent, rb, envs, obs, stats)
     first_step = meter.start(checkpoint, args.total_timesteps, args.learning_starts, WARMUP_STEPS, PROFILE_STEPS, 1)
@@ -914,7 +928,8 @@ def train(args, meter, checkpoint):
         meter.unit(global_step)
         with phase("policy"):
             if action is None:  # the run's first step, or a resumed run's whose episode restarts
-                action = act(obs, epsilon_at(global_step))
+                action = explore(global_step)
+                action = act(obs) if action is None else action
 
         with phase("env_step"):
             next_obs, reward, termination, truncation, info = env.step(action)
@@ -934,7 +949,9 @@ def train(args, meter, checkpoint):
         with phase("update" if q_update or target_update else "policy"):
             # It acts for the next step, the last one's too: a run resumed from its checkpoint draws as the run
             # that goes on does.
-            action = train_step(q_update, target_update, obs, epsilon_at(global_step + 1))
+            random_action = explore(global_step + 1)
+            action = train_step(q_update, target_update, obs if random_action is None else None)
+            action = action if random_action is None else random_action
 
         with phase("other"):
             if meter.tick(global_step + 1) and global_step >= first_update:

@@ -1,6 +1,6 @@
 """DQN: both scripts through their update path (the twin in every mode), the TensorBoard scalars and the profile,
-twin-vs-baseline equivalence of the update, the target update and the epsilon-greedy policy, the epsilon
-schedule, a learning test on CartPole, Ctrl-C and bad input."""
+twin-vs-baseline equivalence of the update, the target update and the greedy policy, the twin acting as the
+baseline does before learning starts, the epsilon schedule, a learning test on CartPole, Ctrl-C and bad input."""
 
 import numpy as np
 import pytest
@@ -123,9 +123,19 @@ def test_loop_follows_the_schedule(name, monkeypatch, capsys):
     assert calls == [(0.8, 0.1, 0.2 * 300, t) for t in range(300 + (name == FAST))]
 
 
+def test_twin_acts_as_the_baseline(capsys):
+    """Before learning starts both scripts' Q networks are the same (same seed), and the twin draws whether to
+    explore and the random action as the baseline does, from the same generators in the same order: the episodes
+    are the same, return for return."""
+    argv = ["--total-timesteps", "1500", "--learning-starts", "1499", "--exploration-fraction", "0.2",
+            "--no-tensorboard"]  # fmt: skip
+    curves = [[point[::2] for point in run_main(name, argv, capsys)["return_curve"]] for name in (BASE, FAST)]
+    assert len(curves[0]) > 10 and curves[0] == curves[1]
+
+
 def make_pair(compile, cudagraphs, device, **kwargs):
     """A baseline agent and a twin agent with identical parameters on `device`, the baseline's update functions,
-    and the twin's replay buffer, training step (which acts for the next step), stats, policy and act; and the
+    and the twin's replay buffer, training step (which may act for the next step), stats, policy and act; and the
     order of the twin's calls of its update and its policy, as Python runs them (eagerly, or to capture them)."""
     base, fast = load_script(BASE), load_script(FAST)
     args_b, args_f = base.Args(**kwargs), fast.Args(**kwargs, compile=compile, cudagraphs=cudagraphs)
@@ -183,19 +193,17 @@ def test_equivalence_with_baseline_cuda(compile):
 
 def check_equivalence(compile, cudagraphs, device, tau):
     """Same parameters and batches: each training step of the twin (store, sample, TD update, every other step
-    the target update, then acting for the next step) gives the loss, the Q values and the parameters of the
-    baseline's update on the batch it sampled, and the action the updated Q network and the draws after the
-    sample's say, at epsilon 0, 1 and 0.5 in turn; the policy runs after the update in every step. Then the policy
-    acts epsilon-greedily as expected, and make_act's act alone with it. Ten steps: each kind of step is called
-    five times, past the capture (the third call, the fourth with --compile)."""
+    the target update, then, in every other pair of steps, the greedy action for the next step) gives the loss,
+    the Q values and the parameters of the baseline's update on the batch it sampled, and the action of the
+    updated Q network; the policy runs after the update. Then the policy and make_act's act alone act greedily.
+    Twenty steps: each of the four kinds of step is called five times, past the capture (the third call, the
+    fourth with --compile)."""
     agent_b, (update_b, update_target_b), agent_f, rb, train_f, stats_f, policy_f, act_f, calls = make_pair(
         compile, cudagraphs, device, tau=tau
     )
     rng = np.random.default_rng(1)
 
     def stage():
-        if device.type == "cuda":
-            torch.cuda.synchronize()  # as the training step's act() does: the last push has read the staged row
         obs, next_obs = rng.standard_normal(N_OBS), rng.standard_normal(N_OBS)
         rb.stage(obs, next_obs, rng.integers(N_ACT), rng.standard_normal(), float(rng.random() < 0.2))
 
@@ -204,20 +212,22 @@ def check_equivalence(compile, cudagraphs, device, tau):
         rb.push()
     fixed = {name: value.data_ptr() for name, value in stats_f.items()}
     initial = [(name, p_b.detach().clone()) for name, p_b, _ in trained_state(agent_b, agent_f)]
-    for i in range(10):
+    for i in range(20):
         stage()
-        target_update = i % 2 == 1
-        obs_ahead, epsilon = rng.standard_normal(N_OBS).astype(np.float32), (0.0, 1.0, 0.5)[i % 3]
+        target_update, greedy = i % 2 == 1, i // 2 % 2 == 0
+        obs_ahead = rng.standard_normal(N_OBS).astype(np.float32)
         torch.manual_seed(i)
-        action = train_f(True, target_update, obs_ahead, epsilon)
+        action = train_f(True, target_update, obs_ahead if greedy else None)
         torch.manual_seed(i)
         idx = torch.randint(0, 2**62, (len(rb.batch),), device=device) % (9 + i)
-        explore = torch.rand(1, device=device) < epsilon
-        random_action = torch.randint(0, N_ACT, (1,), device=device)
-        with torch.no_grad():
-            greedy = agent_f.q_network(torch.as_tensor(obs_ahead, device=device)[None]).argmax(dim=1)
-        want = int(torch.where(explore, random_action, greedy)[0])
-        assert action == want, f"step {i}, epsilon {epsilon}: not the updated network's action after the sample"
+        if device.type == "cuda" and not greedy:
+            torch.cuda.synchronize()  # nothing waited for a step that does not act
+        if greedy:
+            with torch.no_grad():
+                want = int(agent_f.q_network(torch.as_tensor(obs_ahead, device=device)[None]).argmax(dim=1)[0])
+            assert action == want, f"step {i}: not the updated network's greedy action"
+        else:
+            assert action is None and rb.in_flight == (device.type == "cuda")
         assert torch.equal(rb.storage[8 + i], rb.row[0]), "the staged transition was not stored"
         assert torch.equal(rb.batch, rb.storage[idx]), "the batch is not the sample the draw says"
         obs, actions, rewards, next_obs, dones = (field.clone() for field in rb.fields)
@@ -231,8 +241,11 @@ def check_equivalence(compile, cudagraphs, device, tau):
             assert_same_update(before, p_b.detach(), p_f.detach(), name=name)
     assert {name: value.data_ptr() for name, value in stats_f.items()} == fixed
     # The greedy action rarely changes with one small update: the order of the calls shows that the policy acts
-    # with the updated network. Replays run no Python: only the calls before the capture and the capture show.
-    assert calls and calls == ["update", "policy"] * (len(calls) // 2), calls
+    # with the updated network, and only in steps that act. Replays run no Python: only the calls before the
+    # capture and the capture show.
+    assert "update" in calls and calls[0] == "update", calls
+    assert all(calls[k - 1] == "update" for k, name in enumerate(calls) if name == "policy"), calls
+    assert calls.count("policy") < calls.count("update"), "a step that does not act ran the policy"
     for (name, before), (_, _, p_f) in zip(initial, trained_state(agent_b, agent_f), strict=True):
         assert not torch.equal(before, p_f), f"{name} never changed"
     if tau == 1.0:
@@ -242,24 +255,16 @@ def check_equivalence(compile, cudagraphs, device, tau):
 
 
 def check_policy(q_network, policy, act, obs):
-    """Epsilon 0: the greedy action of the trained Q network. Epsilon 1: the random action the draws after a seed
-    say. In between: the draw against epsilon picks one of the two. No autograd graph; act alone (its pinned
-    copies, as at a run's first step) acts the same."""
-    for seed in range(6):
-        one = obs[seed : seed + 1]
-        epsilon = (0.0, 1.0, 0.5)[seed % 3]
-        torch.manual_seed(seed)
-        explore = torch.rand(1, device=obs.device) < epsilon
-        random_action = torch.randint(0, N_ACT, (1,), device=obs.device)
+    """The greedy action of the trained Q network, from the policy and from act alone (its pinned copies, as at a
+    run's first step); no autograd graph."""
+    for k in range(6):
+        one = obs[k : k + 1]
         with torch.no_grad():
-            greedy = q_network(one).argmax(dim=1)
-        want = torch.where(explore, random_action, greedy)
-        torch.manual_seed(seed)
-        action = policy(one, torch.tensor([epsilon], device=obs.device))
+            want = q_network(one).argmax(dim=1)
+        action = policy(one)
         assert not action.requires_grad and action.dtype == torch.long
-        assert torch.equal(action, want), (seed, epsilon)
-        torch.manual_seed(seed)
-        assert act(one[0].cpu().numpy(), epsilon) == int(want[0])
+        assert torch.equal(action, want), k
+        assert act(one[0].cpu().numpy()) == int(want[0])
 
 
 def test_learns_cartpole_baseline(capsys):
