@@ -1,6 +1,9 @@
 # PPO for discrete actions, as CleanRL defines it (ppo.py), on classic-control environments that live on the GPU as
-# batched torch tensors, stepped in plain eager PyTorch: one Python call chain per env step.
-# Docs: docs/gpu_collection.md
+# batched torch tensors, stepped in plain eager PyTorch: one Python call chain per env step. Under torchrun,
+# data-parallel over its ranks (one per GPU): gradients averaged over the ranks in one all-reduce per minibatch.
+# Docs: docs/gpu_collection.md, docs/multigpu.md
+import datetime
+import hashlib
 import json
 import logging
 import math
@@ -20,6 +23,7 @@ from dataclasses import asdict, dataclass, fields
 import gymnasium as gym
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.optim as optim
 import tqdm
@@ -121,6 +125,10 @@ RESUMABLE_ARGS = (
     "cuda", "torch_threads", "track", "wandb_project_name", "wandb_entity", "tensorboard", "speed_log",
     "profile_dir", "compile", "cudagraphs",
 )  # fmt: skip
+# Seconds a rank waits for the others in a collective (the start's checks, an all-reduce) before the job fails,
+# so that a rank that died or hangs ends the run instead of stalling it; long enough for torch.compile and
+# graph capture, which run between two collectives.
+DIST_TIMEOUT_SECONDS = 900
 
 
 def fail(message):
@@ -205,6 +213,8 @@ def restore_rng_states(states):
 
 
 def check_args(args, argv):
+    setup_distributed(args)
+    _, world_size = world()
     if args.env_id not in ENVS:
         fail(f"--env-id {args.env_id!r} is not one of this script's environments: {', '.join(ENVS)}")
     for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate"):
@@ -219,8 +229,8 @@ def check_args(args, argv):
         fail(f"{batch} does not split evenly into {minibatches}: every minibatch must have the same size")
     if args.norm_adv and args.num_envs * args.num_steps // args.num_minibatches < 2:
         fail(f"{flag(args, 'num_minibatches', argv)} leaves minibatches of one sample; --norm-adv needs two")
-    if args.total_timesteps < args.num_envs * args.num_steps:
-        fail(f"{flag(args, 'total_timesteps', argv)} is below one rollout, {batch}")
+    if args.total_timesteps < args.num_envs * args.num_steps * world_size:
+        fail(f"{flag(args, 'total_timesteps', argv)} is below one rollout, {batch} on each of {world_size} ranks")
     if args.target_kl is not None and args.target_kl <= 0:
         fail(f"--target-kl {args.target_kl} must be positive")
     if args.capture_video and not args.eval_checkpoint:
@@ -228,6 +238,117 @@ def check_args(args, argv):
             "--capture-video records evaluation only: the training envs are tensors, which do not render; "
             "record a saved policy with --eval-checkpoint DIR --capture-video"
         )
+
+
+def world():
+    """(rank, world size) of this process: (0, 1) without torchrun."""
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+def leave_process_group():
+    """dist.destroy_process_group, after a short sleep: a worker thread of the last collectives may still wait for the
+    interpreter's lock to drop its hold on their tensors, and a process that exits first aborts ("terminate called
+    without an active exception", seen once in ten 2-rank runs on the CPU); the sleep hands it the lock."""
+    time.sleep(0.1)
+    dist.destroy_process_group()
+
+
+def fail_on_every_rank(message):
+    """Bad input that every rank sees: one error line, from rank 0, and exit code 2 on every rank."""
+    rank = dist.get_rank()
+    leave_process_group()
+    if rank == 0:
+        fail(message)
+    sys.exit(2)
+
+
+def digests_differ(digest):
+    """The ranks whose digest (a string) differs from rank 0's; one all-gather."""
+    digests = [None] * dist.get_world_size()
+    dist.all_gather_object(digests, digest)
+    return [rank for rank, other in enumerate(digests) if other != digests[0]]
+
+
+def setup_distributed(args):
+    """Under torchrun (WORLD_SIZE set): put this rank on its GPU (cuda:LOCAL_RANK), join the process group (NCCL
+    on CUDA, gloo on the CPU) and check that every rank runs the same arguments. Ranks other than 0 then write
+    nothing: no TensorBoard, wandb, speed log, profile, checkpoint or stdout. Without torchrun, nothing to do."""
+    if "WORLD_SIZE" not in os.environ:
+        return
+    cuda = torch.cuda.is_available() and args.cuda
+    if cuda:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    timeout = datetime.timedelta(seconds=DIST_TIMEOUT_SECONDS)
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout)
+    differ = digests_differ(hashlib.sha256(json.dumps(asdict(args), sort_keys=True).encode()).hexdigest())
+    if differ:
+        fail_on_every_rank(f"ranks {differ} were started with other arguments than rank 0: every rank needs the same")
+    if dist.get_rank():
+        args.tensorboard = args.track = False
+        args.speed_log = args.profile_dir = args.save_dir = None
+        args.save_every = 0
+        sys.stdout = open(os.devnull, "w")
+
+
+def average_gradients(parameters):
+    """Every rank's gradients replaced by their mean over the ranks, in one all-reduce: they are copied into one
+    flat buffer and back (CleanRL all-reduces each parameter, one call with its own latency per tensor)."""
+    grads = [p.grad for p in parameters]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(part.view_as(g))
+
+
+def stop_together(meter, rank):
+    """Ctrl-C under torchrun reaches every rank, from the terminal and again from torchrun: each rank notes it and
+    goes on to the end of the iteration, where the ranks agree to stop (agree), rank 0 writes its checkpoint with
+    --save-dir, and all end with their record. Stopping at once would leave the other ranks in an all-reduce."""
+
+    def requested(signum, frame):
+        if rank == 0 and not meter.stop:
+            print("Ctrl-C: every rank stops at the end of this iteration", file=sys.stderr, flush=True)
+        meter.stop = True
+
+    signal.signal(signal.SIGINT, requested)
+
+
+def agree(value, op, device):
+    """A number every rank gives, reduced over the ranks by op (dist.ReduceOp), as every rank's float."""
+    reduced = torch.tensor([float(value)], device=device)
+    dist.all_reduce(reduced, op=op)
+    return reduced.item()
+
+
+def broadcast_parameters(network):
+    """Rank 0's parameters to every rank, so that all start from the same network."""
+    for tensor in network.state_dict().values():
+        dist.broadcast(tensor, 0)
+
+
+def check_ranks_agree(network, global_step, rank_fps):
+    """The end of a distributed run: every rank must hold rank 0's parameters bit for bit (they start equal and
+    take the same averaged steps), else the run is an error; rank 0 prints each rank's own fps on stderr."""
+    tensors = network.state_dict().values()
+    digest = hashlib.sha256(b"".join(t.detach().cpu().numpy().tobytes() for t in tensors)).hexdigest()
+    differ = digests_differ(digest)
+    if differ:
+        fail_on_every_rank(f"after {global_step} env steps, the parameters of ranks {differ} differ from rank 0's")
+    fps = [None] * dist.get_world_size()
+    dist.all_gather_object(fps, round(rank_fps, 1))
+    if dist.get_rank() == 0:
+        print(f"env steps per second of each rank over its whole loop: {fps}", file=sys.stderr, flush=True)
+    leave_process_group()
+
+
+def resumed_apart(args, rank, global_step):
+    """After a resume every rank holds rank 0's checkpoint, its generators and envs included: the other ranks
+    reseed their generators apart again (from --seed, the rank and the step), so that their rollouts do not repeat
+    rank 0's. Their envs go on from rank 0's states, and part from them at the first draw."""
+    if rank:
+        for seed in (random.seed, np.random.seed, torch.manual_seed):
+            seed(args.seed + rank + global_step)
 
 
 class CartPole:
@@ -549,6 +670,8 @@ def make_update_fns(agent, args):
 
         agent.optimizer.zero_grad()
         loss.backward()
+        if dist.is_initialized():
+            average_gradients(agent.net.parameters())
         grad_norm = nn.utils.clip_grad_norm_(agent.net.parameters(), args.max_grad_norm)
         agent.optimizer.step()
         outputs = (pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac, grad_norm)
@@ -896,12 +1019,15 @@ def evaluate(args, meter, checkpoint):
 
 
 def train(args, meter, checkpoint):
+    rank, world_size = world()
+    # Sizes are per rank; global_step counts the env steps of all ranks, as --total-timesteps does.
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
-    num_iterations = args.total_timesteps // batch_size
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
+    num_iterations = args.total_timesteps // (batch_size * world_size)
+    # Each rank seeds its envs and its sampling apart; the parameters come from rank 0.
+    random.seed(args.seed + rank)
+    np.random.seed(args.seed + rank)
+    torch.manual_seed(args.seed + rank)
     device, phase = meter.device, meter.phase
 
     envs = Envs(args.env_id, args.num_envs, device)
@@ -914,12 +1040,20 @@ def train(args, meter, checkpoint):
     next_done = torch.zeros(args.num_envs, device=device)
     if checkpoint is not None:
         next_obs, next_done = restore_run(checkpoint["state"], agent, envs)
-    steps = num_iterations * batch_size
-    global_step = meter.start(
-        checkpoint, steps, 0, WARMUP_ITERATIONS * batch_size, PROFILE_ITERATIONS * batch_size, args.num_envs
-    )
+    if world_size > 1:
+        broadcast_parameters(agent.net)
+    steps_per_iteration = batch_size * world_size
+    steps = num_iterations * steps_per_iteration
+    warmup_steps, profile_steps = WARMUP_ITERATIONS * steps_per_iteration, PROFILE_ITERATIONS * steps_per_iteration
+    # One env_step call on rank 0 stands for the same call on every rank, as global_step counts them all.
+    global_step = meter.start(checkpoint, steps, 0, warmup_steps, profile_steps, args.num_envs * world_size)
+    if world_size > 1:
+        stop_together(meter, rank)
+        if checkpoint is not None:
+            resumed_apart(args, rank, global_step)
+    first_step, t_loop = global_step, time.perf_counter()
     # A resumed run goes on with the iteration after its checkpoint's, the learning rate annealed from there.
-    for iteration in range(global_step // batch_size + 1, num_iterations + 1):
+    for iteration in range(global_step // steps_per_iteration + 1, num_iterations + 1):
         meter.unit(global_step)
         with phase("update"):
             if args.anneal_lr:
@@ -927,7 +1061,7 @@ def train(args, meter, checkpoint):
                 agent.set_learning_rate(frac * args.learning_rate)
 
         for step in range(args.num_steps):
-            global_step += args.num_envs
+            global_step += args.num_envs * world_size
             with phase("data"):
                 rollout.obs[step] = next_obs
                 rollout.dones[step] = next_done
@@ -949,7 +1083,8 @@ def train(args, meter, checkpoint):
                 next_done = next_done.float()
 
             with phase("other"):
-                meter.tick(global_step)
+                if rank == 0:  # rank 0 alone shows progress
+                    meter.tick(global_step)
 
         with phase("update"):
             advantages, rets = gae(next_obs, next_done, rollout.rewards, rollout.values, rollout.dones)
@@ -974,14 +1109,18 @@ def train(args, meter, checkpoint):
                     minibatch = [b[b_inds[start : start + minibatch_size]] for b in batch]
                 with phase("update"):
                     stats = update(*minibatch)
-            if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
+            # Every rank stops its epochs at the same one, by the ranks' mean KL: the all-reduces must pair up.
+            approx_kl = stats["approx_kl"]
+            if args.target_kl is not None and world_size > 1:
+                approx_kl = agree(approx_kl, dist.ReduceOp.SUM, device) / world_size
+            if args.target_kl is not None and approx_kl > args.target_kl:
                 break
 
         with phase("other"):
             # The episodes that ended in this rollout count as one, their mean: thousands end per rollout with
             # many envs. Read back in one sync.
             ended, return_sum, length_sum = envs.ended_episodes().tolist()
-            if ended:
+            if ended and rank == 0:  # rank 0 alone counts returns: of its own envs, as CleanRL does
                 meter.episode(global_step, return_sum / ended, length_sum / ended)
             # On the device, so that it is read back with the statistics, in one sync.
             var_y = batch[-2].var(correction=0)
@@ -989,8 +1128,15 @@ def train(args, meter, checkpoint):
             scalars = {f"losses/{name}": stats[name] for name in STATS}
             scalars.update({"losses/explained_variance": explained_var, "charts/learning_rate": agent.learning_rate()})
             meter.log(global_step, scalars)
+            if world_size > 1:
+                meter.stop = bool(agree(meter.stop, dist.ReduceOp.MAX, device))
+                if meter.stop and rank:
+                    sys.stderr = open(os.devnull, "w")  # rank 0 tells where the run stopped; this rank counted none
             final = iteration == num_iterations
             meter.checkpoint(global_step, lambda: run_state(agent, envs, next_obs, next_done), final)
+    if dist.is_initialized():
+        rank_fps = (global_step - first_step) / world_size / (time.perf_counter() - t_loop)
+        check_ranks_agree(agent.net, global_step, rank_fps)
 
 
 def main(argv=None):

@@ -1,7 +1,8 @@
-"""Data-parallel PPO Atari on the CPU, with gloo: two ranks under torchrun train as one run (one record, one
-checkpoint, the same parameters on both ranks), the averaged gradient is the gradient of the whole batch, a rank
-that drifted or was started with other arguments ends the run with one error line, and one process without
-torchrun is the single-GPU script."""
+"""Data-parallel PPO on the CPU, with gloo, for the PPO Atari multi-GPU pair and the GPU classic-control pair: two
+ranks under torchrun train as one run (one record, one checkpoint, the same parameters on both ranks), and go on
+from a checkpoint; the averaged gradient is the gradient of the whole batch; a rank that drifted or was started
+with other arguments ends the run with one error line; resumed ranks draw apart; and one process without torchrun
+is the single-GPU script."""
 
 import datetime
 import io
@@ -25,6 +26,12 @@ SINGLE = {BASE: "ppo_atari_envpool", FAST: "ppo_atari_envpool_torchcompile"}
 TINY = ["--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1", "--no-tensorboard",
         "--no-cuda"]  # fmt: skip
 N_ACT, FRAMES = 4, 8
+CLASSIC_BASE, CLASSIC_FAST = "ppo_classic_control_gpu", "ppo_classic_control_gpu_torchcompile"
+# Per rank: 4 envs x 32 steps, in 2 minibatches. Two ranks, 1024 env steps: 4 iterations, the last one steady.
+CLASSIC_TINY = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1",
+                "--no-tensorboard", "--no-cuda"]  # fmt: skip
+# Each script's tiny run: its arguments and its env steps over both ranks.
+RUNS = {BASE: (TINY, 512), FAST: (TINY, 512), CLASSIC_BASE: (CLASSIC_TINY, 1024), CLASSIC_FAST: (CLASSIC_TINY, 1024)}
 # Collectives in the spawned groups; a rank that fails leaves the other waiting this long at most.
 TIMEOUT = datetime.timedelta(seconds=60)
 
@@ -39,22 +46,55 @@ def launch(name, *argv, cwd):
     return subprocess.run(torchrun(name, *argv), capture_output=True, text=True, timeout=300, cwd=cwd)
 
 
-@pytest.mark.parametrize("name", [BASE, FAST])
-def test_two_ranks_train_as_one_run(name, tmp_path):
-    """Rank 0 alone prints the record (env steps of both ranks) and writes the checkpoint; the run ends with
-    every rank's parameters checked equal to rank 0's, and each rank's fps on stderr."""
-    proc = launch(name, *TINY, "--total-timesteps", "512", "--save-dir", "saved", cwd=tmp_path)
+def check_one_run(name, proc, steps, tmp_path):
+    """Rank 0 alone printed the record (env steps of both ranks) and wrote the checkpoint; the run ended with
+    every rank's parameters checked equal to rank 0's, and each rank's fps on stderr. Returns the record."""
     assert proc.returncode == 0, proc.stderr
     (line,) = proc.stdout.strip().splitlines()
     record = json.loads(line)
     assert set(record) == RECORD_KEYS and record["script"] == name
-    assert record["total_timesteps"] == 512 and record["steady"] is True and record["fps"] > 0
+    assert record["total_timesteps"] == steps and record["steady"] is True and record["fps"] > 0
     assert [path.name for path in (tmp_path / "saved").iterdir()] == [f"{name}.pt"]
     checkpoint = torch.load(tmp_path / "saved" / f"{name}.pt", weights_only=True)
-    assert checkpoint["global_step"] == 512
+    assert checkpoint["global_step"] == steps
     (fps,) = [line for line in proc.stderr.splitlines() if line.startswith("env steps per second of each rank")]
     assert len(json.loads(fps.split(": ")[1])) == 2
     assert "Traceback" not in proc.stderr
+    return record
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_two_ranks_train_as_one_run(name, tmp_path):
+    argv, steps = RUNS[name]
+    proc = launch(name, *argv, "--total-timesteps", str(steps), "--save-dir", "saved", cwd=tmp_path)
+    check_one_run(name, proc, steps, tmp_path)
+
+
+@pytest.mark.parametrize("name", [CLASSIC_BASE, CLASSIC_FAST])
+def test_two_ranks_go_on_from_a_checkpoint(name, tmp_path):
+    """Two ranks resumed from rank 0's checkpoint train on to the new total, as one run again."""
+    argv, steps = RUNS[name]
+    first = launch(name, *argv, "--total-timesteps", str(steps), "--save-dir", "saved", cwd=tmp_path)
+    check_one_run(name, first, steps, tmp_path)
+    argv = [*argv, "--total-timesteps", str(2 * steps), "--resume", "saved", "--save-dir", "saved"]
+    record = check_one_run(name, launch(name, *argv, cwd=tmp_path), 2 * steps, tmp_path)
+    assert record["resumed_from"] == steps
+
+
+@pytest.mark.parametrize("name", [CLASSIC_BASE, CLASSIC_FAST])
+@pytest.mark.usefixtures("eager_random")
+def test_resumed_ranks_draw_apart(name):
+    """Every rank of a resumed run restores rank 0's generators: rank 0 goes on with them, the others reseed
+    apart, each its own way."""
+    module = load_script(name)
+    draws = []
+    for rank in range(3):
+        torch.manual_seed(7)  # the restored generator, the same on every rank
+        module.resumed_apart(module.Args(), rank, 1024)
+        draws.append(torch.rand(4))
+    torch.manual_seed(7)
+    assert torch.equal(draws[0], torch.rand(4))
+    assert not torch.equal(draws[0], draws[1]) and not torch.equal(draws[1], draws[2])
 
 
 @pytest.mark.parametrize("name", [BASE, FAST])
@@ -113,10 +153,42 @@ def loss_of(network, obs, actions):
     return (value.squeeze(1) ** 2 - logprob - 0.01 * entropy).mean()
 
 
+def classic_update_is_the_whole_batch_update(rank):
+    """The GPU classic-control twin in a process group: its update (the captured backward, the all-reduce of the
+    flat gradient buffer, the captured step) on this rank's half of a minibatch gives the parameters and the loss
+    statistics of the update on the whole minibatch (advantages not normalised per minibatch, so that the loss is
+    a mean over the batch); the gradient norm is the whole batch's."""
+    classic = load_script(CLASSIC_FAST)
+    args = classic.Args(norm_adv=False)
+    n_obs, n_act = classic.CartPole.n_obs, classic.CartPole.n_act
+    generator = torch.Generator().manual_seed(2)
+    obs = torch.randn(FRAMES, n_obs, generator=generator)
+    actions = torch.randint(0, n_act, (FRAMES,), generator=generator)
+    logprobs = torch.full((FRAMES,), -0.7) + torch.rand(FRAMES, generator=generator) * 0.2
+    advantages, returns, values = torch.randn(3, FRAMES, generator=generator)
+    minibatch = (obs, actions, logprobs, advantages, returns, values)
+    half = slice(rank * FRAMES // 2, (rank + 1) * FRAMES // 2)
+    results = []
+    for part in (slice(None), half):
+        torch.manual_seed(0)
+        agent = classic.Agent(args, n_obs, n_act, torch.device("cpu"))
+        assert agent.grads is not None, "in a process group the gradients are views of one flat buffer"
+        _, update, _, stats = classic.make_update_fns(agent, args)
+        update(*(tensor[part] for tensor in minibatch))
+        results.append((agent, stats))
+    (whole, whole_stats), (halves, halves_stats) = results
+    for p_whole, p_halves in zip(whole.net.parameters(), halves.net.parameters()):
+        torch.testing.assert_close(p_halves, p_whole, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(halves.grads, whole.grads, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(halves_stats["grad_norm"], whole_stats["grad_norm"], rtol=1e-4, atol=1e-6)
+
+
 def ranks_worker(rank, store, results):
     """One rank of a gloo group: the gradient averaged over the ranks' halves of a batch against the whole
-    batch's, in both scripts; then a rank that drifted, which must end the run."""
+    batch's, in the Atari scripts and in the GPU classic-control twin's update; then a rank that drifted, which
+    must end the run."""
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2, timeout=TIMEOUT)
+    classic_update_is_the_whole_batch_update(rank)
     base, fast = load_script(BASE), load_script(FAST)
     generator = torch.Generator().manual_seed(1)
     obs = torch.randint(0, 256, (FRAMES, 4, 84, 84), generator=generator, dtype=torch.uint8)
