@@ -17,6 +17,13 @@ SHARED_DEFS = (
     "Meter", "main",
 )  # fmt: skip
 SHARED_CONSTANTS = ("PROGRESS_SECONDS", "CONSOLE_SECONDS", "QUIET_WARNINGS", "CHECKPOINT_FORMAT", "RESUMABLE_ARGS")
+# The pairs that run data-parallel under torchrun, and the parts of it they share: average_gradients is the same in
+# their baselines and the same in their twins (each gives the twin's flat buffer or the baseline's parameters).
+DISTRIBUTED = ("ppo_atari_envpool_multigpu", "ppo_classic_control_gpu")
+DISTRIBUTED_DEFS = (
+    "DIST_TIMEOUT_SECONDS", "world", "leave_process_group", "fail_on_every_rank", "digests_differ",
+    "setup_distributed", "stop_together", "agree", "broadcast_parameters", "check_ranks_agree",
+)  # fmt: skip
 COMMON_FIELDS = (
     "cuda", "torch_threads", "track", "wandb_project_name", "wandb_entity", "tensorboard", "speed_log",
     "profile_dir", "save_dir", "save_every", "resume", "eval_checkpoint", "eval_episodes", "capture_video",
@@ -56,15 +63,31 @@ def test_seven_baselines_and_their_twins():
     assert sorted(path.stem for path in SCRIPTS) == sorted(pairs)
 
 
-@pytest.mark.parametrize("name", SHARED_DEFS + SHARED_CONSTANTS + ("__main__",))
-def test_shared_parts_are_word_for_word_the_same(name):
-    texts = {path.name: top_level(path).get(name) for path in SCRIPTS}
+def assert_same_in(name, paths):
+    """The top-level part `name` is in every script of `paths`, the same text in each."""
+    texts = {path.name: top_level(path).get(name) for path in paths}
     missing = [script for script, text in texts.items() if text is None]
     assert not missing, f"{name} is missing in {missing}"
-    reference = texts[SCRIPTS[0].name]
+    reference = texts[paths[0].name]
     for script, text in texts.items():
         diff = "\n".join(difflib.unified_diff(reference.splitlines(), text.splitlines(), lineterm="", n=0))
-        assert text == reference, f"{name} in {script} differs from {SCRIPTS[0].name}:\n{diff}"
+        assert text == reference, f"{name} in {script} differs from {paths[0].name}:\n{diff}"
+
+
+@pytest.mark.parametrize("name", SHARED_DEFS + SHARED_CONSTANTS + ("__main__",))
+def test_shared_parts_are_word_for_word_the_same(name):
+    assert_same_in(name, SCRIPTS)
+
+
+@pytest.mark.parametrize("name", DISTRIBUTED_DEFS + ("average_gradients",))
+def test_distributed_parts_are_word_for_word_the_same(name):
+    """In every script that runs under torchrun; average_gradients among the baselines, and among the twins."""
+    for suffix in ("", "_torchcompile"):
+        paths = [path for path in SCRIPTS if path.stem in [base + suffix for base in DISTRIBUTED]]
+        assert len(paths) == len(DISTRIBUTED)
+        assert_same_in(name, paths)
+    if name != "average_gradients":
+        assert_same_in(name, [path for path in SCRIPTS if path.stem.startswith(DISTRIBUTED)])
 
 
 def test_common_args_are_the_same_and_documented():
