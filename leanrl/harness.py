@@ -1,0 +1,576 @@
+# The harness every training script shares, written once (docs/contract.md). `python leanrl/tools/stamp.py` copies
+# its two fenced blocks, the run options and the harness, into every script between the same fence lines;
+# `--check` fails where a copy differs. Around them, a toy algorithm (least squares on a stream of samples) makes
+# this file a script of its own, which tests/test_harness.py runs to test the harness once for every script.
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+
+@dataclass
+class Args:
+    env_id: str = "LeastSquares"
+    """the name the toy's runs go by"""
+    total_timesteps: int = 2000
+    """samples to learn from"""
+    num_envs: int = 4
+    """samples per step"""
+    learning_rate: float = 1e-2
+    """the learning rate of the optimizer"""
+    step_seconds: float = 0.0
+    """seconds each step sleeps, so that tests can interrupt a run in its loop"""
+    # ---- run options: the same in every script (stamped from leanrl/harness.py) ----
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment, in the run's name"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """sets `torch.backends.cudnn.deterministic`"""
+    cuda: bool = True
+    """use CUDA when it is available"""
+    torch_threads: int = 1
+    """torch's intra-op CPU threads (0: torch's default, one per core)"""
+    track: bool = False
+    """track the experiment with Weights and Biases"""
+    wandb_project_name: str = "leanrl"
+    """the wandb project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of the wandb project"""
+    tensorboard: bool = True
+    """write TensorBoard scalars under runs/<run name>/"""
+    capture_video: bool = False
+    """record videos under videos/<run name>/ (env 0 in training; every episode of --eval-checkpoint)"""
+    speed_log: str | None = None
+    """append the speed record (the last stdout line, one JSON object) to this file"""
+    profile_dir: str | None = None
+    """profile the start of the steady window and write the trace into this directory"""
+    save_dir: str | None = None
+    """write checkpoints into this directory: every --save-every env steps, at the end, and on Ctrl-C"""
+    save_every: int = 0
+    """env steps between checkpoints (0: only at the end and on Ctrl-C)"""
+    resume: str | None = None
+    """continue the run saved in this checkpoint (a file, or a --save-dir); checkpoints go on there"""
+    eval_checkpoint: str | None = None
+    """evaluate the policy of this checkpoint (file or --save-dir) for --eval-episodes and exit"""
+    eval_episodes: int = 10
+    """episodes that --eval-checkpoint runs"""
+    # ---- end of run options ----
+
+
+def check_args(args):
+    """What the harness's range checks leave to a script: here, whole steps."""
+    if args.total_timesteps % args.num_envs:
+        fail(f"--total-timesteps {args.total_timesteps} must be a multiple of --num-envs {args.num_envs}")
+
+
+def train(args, run):
+    torch.manual_seed(args.seed)
+    weights = torch.arange(1.0, 5.0)  # what the toy learns
+    model = nn.Linear(4, 1, device=run.device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.learning_rate)
+    seen = torch.zeros((), dtype=torch.long)  # a counter a checkpoint restores in place
+    state = {"model": model, "optimizer": optimizer, "seen": seen}
+    first_step = run.start(state, total_steps=args.total_timesteps, warmup_steps=8 * args.num_envs,
+                           profile_steps=4 * args.num_envs, env_steps_per_call=args.num_envs)  # fmt: skip
+    for global_step in range(first_step, args.total_timesteps, args.num_envs):
+        run.unit(global_step)
+        with run.phase("env_step"):
+            x = torch.randn(args.num_envs, 4)
+            y = x @ weights
+            time.sleep(args.step_seconds)
+        with run.phase("update"):
+            loss = (model(x.to(run.device)).squeeze(1) - y.to(run.device)).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            seen += args.num_envs
+        if (global_step // args.num_envs) % 10 == 9:
+            run.episode(global_step, -loss.item(), 10)
+        if run.tick(global_step + args.num_envs):
+            run.log(global_step, {"losses/loss": loss.detach()})
+
+
+def evaluate(args, run, saved):
+    model = nn.Linear(4, 1)
+    model.load_state_dict(saved["model"])
+    while True:
+        x = torch.randn(16, 4)
+        yield -(model(x).squeeze(1) - x @ torch.arange(1.0, 5.0)).pow(2).mean().item()
+
+
+# ======== torchrun: the same in every script that runs data-parallel, stamped from leanrl/harness.py ========
+import datetime, hashlib  # noqa: E401, E402
+
+import torch.distributed as dist  # noqa: E402
+
+# Seconds a rank waits for the others in a collective (the start's checks, an all-reduce) before the job fails,
+# so that a rank that died or hangs ends the run instead of stalling it; long enough for torch.compile and
+# graph capture, which run between two collectives.
+DIST_TIMEOUT_SECONDS = 900
+
+
+def world():
+    """(rank, world size) of this process: (0, 1) without torchrun."""
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+def leave_process_group():
+    """dist.destroy_process_group, after a short sleep: a worker thread of the last collectives may still wait for the
+    interpreter's lock to drop its hold on their tensors, and a process that exits first aborts ("terminate called
+    without an active exception", seen once in ten 2-rank runs on the CPU); the sleep hands it the lock."""
+    time.sleep(0.1)
+    dist.destroy_process_group()
+
+
+def fail_on_every_rank(message):
+    """Bad input that every rank sees: one error line, from rank 0, and exit code 2 on every rank."""
+    rank = dist.get_rank()
+    leave_process_group()
+    if rank == 0:
+        fail(message)
+    sys.exit(2)
+
+
+def digests_differ(digest):
+    """The ranks whose digest (a string) differs from rank 0's; one all-gather."""
+    digests = [None] * dist.get_world_size()
+    dist.all_gather_object(digests, digest)
+    return [rank for rank, other in enumerate(digests) if other != digests[0]]
+
+
+def setup_distributed(args):
+    """Under torchrun (WORLD_SIZE set): put this rank on its GPU (cuda:LOCAL_RANK), join the process group (NCCL
+    on CUDA, gloo on the CPU) and check that every rank runs the same arguments. Ranks other than 0 then write
+    nothing: no TensorBoard, wandb, speed log, profile, checkpoint or stdout. Without torchrun, nothing to do."""
+    if "WORLD_SIZE" not in os.environ:
+        return
+    cuda = torch.cuda.is_available() and args.cuda
+    if cuda:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    timeout = datetime.timedelta(seconds=DIST_TIMEOUT_SECONDS)
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout)
+    differ = digests_differ(hashlib.sha256(json.dumps(asdict(args), sort_keys=True).encode()).hexdigest())
+    if differ:
+        fail_on_every_rank(f"ranks {differ} were started with other arguments than rank 0: every rank needs the same")
+    if dist.get_rank():
+        args.tensorboard = args.track = False
+        args.speed_log = args.profile_dir = args.save_dir = None
+        args.save_every = 0
+        sys.stdout = open(os.devnull, "w")
+
+
+def agree(value, op, device):
+    """A number every rank gives, reduced over the ranks by op (dist.ReduceOp), as every rank's float."""
+    reduced = torch.tensor([float(value)], device=device)
+    dist.all_reduce(reduced, op=op)
+    return reduced.item()
+
+
+def broadcast_parameters(network):
+    """Rank 0's parameters to every rank, so that all start from the same network."""
+    for tensor in network.state_dict().values():
+        dist.broadcast(tensor, 0)
+
+
+def check_ranks_agree(network, global_step, rank_fps):
+    """The end of a distributed run: every rank must hold rank 0's parameters bit for bit (they start equal and
+    take the same averaged steps), else the run is an error; rank 0 prints each rank's own fps on stderr."""
+    tensors = network.state_dict().values()
+    digest = hashlib.sha256(b"".join(t.detach().cpu().numpy().tobytes() for t in tensors)).hexdigest()
+    differ = digests_differ(digest)
+    if differ:
+        fail_on_every_rank(f"after {global_step} env steps, the parameters of ranks {differ} differ from rank 0's")
+    fps = [None] * dist.get_world_size()
+    dist.all_gather_object(fps, round(rank_fps, 1))
+    if dist.get_rank() == 0:
+        print(f"env steps per second of each rank over its whole loop: {fps}", file=sys.stderr, flush=True)
+    leave_process_group()
+
+
+def agree_to_stop(run, device):
+    """Ctrl-C or SIGTERM reaches each rank at its own moment: at the end of every iteration the ranks agree, and all
+    stop together as the next begins (rank 0 writes the checkpoint). Stopping at once would leave the others in
+    an all-reduce."""
+    run.signal = int(agree(run.signal or 0, dist.ReduceOp.MAX, device)) or None
+# ======== end of torchrun ========
+
+
+# ======== harness: the same in every script, stamped from leanrl/harness.py (docs/contract.md) ========
+import json, math, random, signal, sys, tempfile, time, warnings  # noqa: E401, E402
+from collections import deque  # noqa: E402
+from contextlib import nullcontext  # noqa: E402
+from ctypes.util import find_library  # noqa: E402
+from dataclasses import asdict  # noqa: E402
+
+import gymnasium, numpy as np, tqdm, tyro  # noqa: E401, E402
+from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
+
+CHECKPOINT_FORMAT = "leanrl-checkpoint-2"
+# Numeric flags must be finite and >= 0; these, where a script has them, > 0 or in (0, 1].
+POSITIVE = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "buffer_size",
+            "batch_size", "learning_rate", "policy_lr", "q_lr", "policy_frequency", "target_network_frequency",
+            "train_frequency", "eval_episodes", "target_kl", "max_grad_norm")  # fmt: skip
+FRACTIONS = ("gamma", "gae_lambda", "tau")
+QUIET_WARNINGS = (r".*The environment \S+-v4 is out of date", r"Using lock_\(\) inside a compiled graph")
+
+
+def fail(message):
+    """Bad input: one line on stderr, exit code 2, no traceback."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def checkpoint_file(path, script):
+    return os.path.join(path, f"{script}.pt") if os.path.isdir(path) else path
+
+
+def parse_args(script, argv):
+    """(args, checkpoint): argv over the arguments saved in the checkpoint of --resume or --eval-checkpoint,
+    every numeric flag range-checked, then the script's own check_args."""
+    args, checkpoint = tyro.cli(Args, args=argv), None
+    if args.resume and args.eval_checkpoint:
+        fail("--resume and --eval-checkpoint exclude each other")
+    if args.resume or args.eval_checkpoint:
+        path = checkpoint_file(args.resume or args.eval_checkpoint, script)
+        try:  # tensors and plain values only: loading runs no code
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+            assert checkpoint["format"] == CHECKPOINT_FORMAT and checkpoint["script"] == script
+            saved = Args(**checkpoint["args"])
+        except Exception as e:  # missing, truncated, another script's or another version's
+            fail(f"{'--resume' if args.resume else '--eval-checkpoint'} {path}: no checkpoint of this {script} "
+                 f"({type(e).__name__})")  # fmt: skip
+        save_dir, args = args.save_dir, tyro.cli(Args, args=argv, default=saved)
+        # A resumed run saves where it was resumed from, unless --save-dir names another folder.
+        args.save_dir = (save_dir or os.path.dirname(os.path.abspath(path))) if args.resume else None
+    for name, value in asdict(args).items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not (math.isfinite(value) and value >= 0 and (value > 0 or name not in POSITIVE)):
+                fail(f"--{name.replace('_', '-')} {value} must be {'positive' if name in POSITIVE else '0 or more'}")
+            if name in FRACTIONS and value > 1:
+                fail(f"--{name.replace('_', '-')} {value} must be in (0, 1]")
+    if args.save_every and not args.save_dir:
+        fail(f"--save-every {args.save_every} needs --save-dir")
+    check_args(args)
+    return args, checkpoint
+
+
+def check_outputs(args, script):
+    """Before the run: every output writable (missing folders made, a --speed-log kept as it is), no other run's
+    checkpoint overwritten, and a way for MuJoCo to render videos without a display (EGL, else OSMesa)."""
+    folders = {"--save-dir": args.save_dir, "--profile-dir": args.profile_dir, "runs": args.tensorboard and "runs",
+               "videos": args.capture_video and "videos", "--speed-log": args.speed_log and os.path.dirname(os.path.abspath(args.speed_log))}  # fmt: skip
+    for option, folder in folders.items():
+        try:
+            if folder:
+                os.makedirs(folder, exist_ok=True)
+                tempfile.TemporaryFile(dir=folder).close()
+                open(args.speed_log, "a").close() if option == "--speed-log" else None
+        except OSError as e:
+            fail(f"{option} {folder} cannot be written: {e.strerror or e}")
+    existing = args.save_dir and checkpoint_file(args.save_dir, script)
+    if existing and os.path.exists(existing) and not (args.resume and os.path.samefile(checkpoint_file(args.resume, script), existing)):
+        fail(f"--save-dir {args.save_dir} holds another run's checkpoint: --resume it, or pass another --save-dir")
+    if args.capture_video and not (os.environ.get("DISPLAY") or os.environ.get("MUJOCO_GL")):
+        gl = next((gl for gl, lib in (("egl", "EGL"), ("osmesa", "OSMesa")) if find_library(lib)), None)
+        if gl:
+            os.environ["MUJOCO_GL"] = os.environ["PYOPENGL_PLATFORM"] = gl
+        elif "mujoco" in str(getattr(gymnasium.envs.registry.get(args.env_id), "entry_point", "")):
+            fail("--capture-video of MuJoCo without a display needs EGL or OSMesa: apt-get install libegl1")
+
+
+class ScalarLog:
+    """Scalars to TensorBoard (runs/<run name>/) and, with --track, to wandb; tensors read back in one sync."""
+
+    def __init__(self, args, run_name):
+        self.writer = self.wandb = None
+        if args.track:
+            import wandb
+
+            try:
+                wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=run_name)
+            except Exception as e:  # no `wandb login`, WANDB_API_KEY or WANDB_MODE=offline; no network
+                fail(f"--track: wandb did not start: {str(e).splitlines()[0]}")
+            self.wandb = wandb
+        if args.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(os.path.join("runs", run_name))
+            table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
+            self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
+
+    def log(self, step, scalars):
+        tensors = [key for key, value in scalars.items() if isinstance(value, torch.Tensor)]
+        if tensors:
+            values = torch.stack([scalars[key].detach().float().reshape(()).cpu() for key in tensors]).tolist()
+            scalars = {**scalars, **dict(zip(tensors, values))}
+        for key, value in scalars.items() if self.writer else ():
+            self.writer.add_scalar(key, value, step)
+        if self.wandb:
+            self.wandb.log(scalars, step=step)
+
+
+class SpeedWindow:
+    """The steady fps window: it opens as the first unit of work at or past `opens_at` env steps begins, after
+    warm-up (compilation, graph capture), and closes after the loop; seconds spent saving are left out."""
+
+    def __init__(self, first_step, opens_at):
+        self.first_step, self.opens_at, self.t_loop, self.t_open, self.paused = first_step, opens_at, time.perf_counter(), None, 0.0
+
+    def opens(self, step):
+        if self.t_open is None and step >= self.opens_at:
+            self.t_open, self.step_open, self.paused_open = time.perf_counter(), step, self.paused
+            return True
+        return False
+
+    def steady(self, step):
+        return self.t_open is not None and step > self.step_open
+
+    def fps(self, step, now):
+        if self.steady(step):
+            return (step - self.step_open) / (now - self.t_open - self.paused + self.paused_open)
+        return (step - self.first_step) / max(now - self.t_loop - self.paused, 1e-9)
+
+
+def state_dict(state):
+    """A checkpoint's copy of what a run goes on with: {name: module, optimizer, object with state_dict(), tensor,
+    or such a dict}."""
+    if isinstance(state, dict):
+        return {name: state_dict(part) for name, part in state.items()}
+    return state.detach().cpu().clone() if isinstance(state, torch.Tensor) else state.state_dict()
+
+
+def load_state(state, saved, name="state"):
+    """state_dict's inverse, in place: into the very tensors that compiled functions and captured graphs hold."""
+    if isinstance(state, dict):
+        return [load_state(part, saved[key], f"{name}.{key}") for key, part in state.items()]
+    try:
+        if isinstance(state, torch.Tensor) and saved.shape != state.shape:
+            raise ValueError(f"shape {tuple(saved.shape)}, here {tuple(state.shape)}")
+        if isinstance(state, torch.Tensor):
+            return state.detach().copy_(saved)
+        if isinstance(state, torch.optim.Optimizer):  # capturable (--cudagraphs) is this run's, the rest saved
+            groups = zip(saved["param_groups"], state.param_groups)
+            saved = {**saved, "param_groups": [{**g, "capturable": now.get("capturable", False)} for g, now in groups]}
+        state.load_state_dict(saved)
+    except (RuntimeError, ValueError, KeyError) as e:  # another network or env size than the checkpoint's
+        fail(f"--resume: the checkpoint's {name} does not fit this run: {str(e).splitlines()[0]}")
+
+
+def rng_states():
+    numpy_state = np.random.get_state(legacy=False)
+    numpy_state["state"]["key"] = torch.from_numpy(numpy_state["state"]["key"].astype(np.int64))
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+    return {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state(), "cuda": cuda}
+
+
+def set_rng_states(states):
+    states["numpy"]["state"]["key"] = states["numpy"]["state"]["key"].numpy().astype(np.uint32)
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"][: torch.cuda.device_count()])
+
+
+class Run:
+    """What the training loop tells the harness and gets from it: the device, the video folder, the profiler's
+    phases; start() before the loop (it restores a resumed run); unit() as each unit of work begins (an env step,
+    or a PPO iteration); episode() and tick() after env steps; log(). Checkpoints are written, and Ctrl-C or
+    SIGTERM ends the run, between units of work; finish() writes the speed record."""
+
+    def __init__(self, args, script, checkpoint):
+        self.t_start, self.args, self.script, self.checkpoint = time.perf_counter(), args, script, checkpoint
+        self.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+        if getattr(args, "cudagraphs", False) and self.device.type != "cuda":
+            print("warning: --cudagraphs needs CUDA; running without CUDA graphs", file=sys.stderr)
+            args.cudagraphs = False
+        for message in QUIET_WARNINGS:
+            warnings.filterwarnings("ignore", message)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
+        torch.set_num_threads(args.torch_threads or os.cpu_count())
+        if not args.eval_checkpoint:
+            check_outputs(args, script)
+        self.video_folder = os.path.join("videos", self.run_name) if args.capture_video else None
+        self.phase = record_function if args.profile_dir else lambda name: nullcontext()
+        self.steps, self.signal, self.state, self.window, self.profiler, self.bar = 0, None, None, None, None, None
+        for signum in (signal.SIGINT, signal.SIGTERM):  # set, not inherited: a background job's SIGINT is ignored
+            signal.signal(signum, self.on_signal)
+
+    def on_signal(self, signum, frame):
+        """In the loop, the run ends as the next unit of work begins (with --save-dir, after a checkpoint), never in
+        a compilation or a graph capture; a second signal, or one before the loop, ends it at once."""
+        if self.signal is not None or self.state is None:
+            raise KeyboardInterrupt
+        print("stopping at the end of this step (again: at once)", file=sys.stderr, flush=True)
+        self.signal = signum
+
+    def start(self, state, *, total_steps, warmup_steps, profile_steps, env_steps_per_call, warmup_from=0):
+        """The loop's plan in env steps: total_steps; the fps window opens warmup_steps past warmup_from (SAC:
+        learning_starts) or past a resumed run's first step, whichever is later; --profile-dir profiles its first
+        profile_steps; one env_step phase takes env_steps_per_call. `state` is what checkpoints hold (state_dict):
+        on --resume it is restored here, in place, with the random generators. Returns the first env step."""
+        first_step, returns, self.curve = 0, [], []  # curve: [env step, seconds since start, mean return]
+        if self.checkpoint is not None:
+            load_state(state, self.checkpoint["state"])
+            set_rng_states(self.checkpoint["rng"])
+            first_step, returns, self.curve = (self.checkpoint[key] for key in ("global_step", "returns", "curve"))
+            if first_step >= total_steps:
+                fail(f"--resume {self.args.resume}: that run is finished ({first_step} env steps); pass a larger --total-timesteps")
+            print(f"resuming at env step {first_step}, episodes restarted; saving to {self.args.save_dir}", file=sys.stderr)
+        self.state, self.steps, self.total_steps, self.profile_steps = state, first_step, total_steps, profile_steps
+        self.env_steps_per_call, self.returns, self.next_save = env_steps_per_call, deque(returns, maxlen=20), self.save_due(first_step)
+        self.scalars = ScalarLog(self.args, self.run_name)  # now that the env and networks are made: no empty run
+        self.window, self.t_shown = SpeedWindow(first_step, max(warmup_from, first_step) + warmup_steps), 0.0
+        # A bar on a terminal; elsewhere (logs, CI) a line every 10 s.
+        tty = sys.stderr.isatty()
+        self.bar = tqdm.tqdm(total=total_steps, initial=first_step, unit="step", unit_scale=True, mininterval=1 if tty else 10, ascii=not tty)
+        return first_step
+
+    def save_due(self, step):
+        return self.args.save_every and (step // self.args.save_every + 1) * self.args.save_every
+
+    def unit(self, step):
+        """A unit of work begins after `step` env steps: a checkpoint when due, the end of a stopped run, the fps
+        window's opening, the profiler's start and end."""
+        self.steps = step
+        if self.args.save_dir and (self.signal or self.next_save and step >= self.next_save):
+            self.save(step)
+        if self.signal:
+            raise KeyboardInterrupt
+        if self.window.opens(step) and self.args.profile_dir:
+            cuda = self.device.type == "cuda"
+            self.profiler = profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda)
+            self.profiler.start()
+            self.profiler.add_metadata_json("env_steps_per_call", str(self.env_steps_per_call))  # for breakdown.py
+        elif self.profiler is not None and step >= self.window.step_open + self.profile_steps:
+            self.save_profile()
+
+    def save_profile(self):
+        self.profiler.stop()
+        self.profiler.export_chrome_trace(os.path.join(self.args.profile_dir, f"{self.script}.trace.json"))
+        self.profiler = None
+
+    def mean_return(self):
+        return round(float(np.mean(self.returns)), 2) if self.returns else None
+
+    def tick(self, step):
+        """An env step is done, `step` in all. About 50 times a run the mean return joins the curve; every second the
+        bar shows the fps, which is logged, and tick returns True: the loop logs its statistics."""
+        self.steps, now = step, time.perf_counter()
+        if self.returns and step * 50 // self.total_steps > (self.curve[-1][0] * 50 // self.total_steps if self.curve else -1):
+            self.curve.append([step, round(now - self.t_start, 3), self.mean_return()])
+        if now - self.t_shown < 1.0:
+            return False
+        self.t_shown, fps = now, self.window.fps(step, now)
+        self.bar.set_postfix_str(f"fps {fps:.0f}{'' if self.window.steady(step) else ' (warm-up)'}, return {self.mean_return()}", refresh=False)
+        self.bar.update(step - self.bar.n)
+        self.log(step, {"charts/SPS": fps})
+        return True
+
+    def episode(self, step, episodic_return, length):
+        self.returns.append(float(episodic_return))
+        self.log(step, {"charts/episodic_return": float(episodic_return), "charts/episodic_length": int(length)})
+
+    def log(self, step, scalars):
+        self.scalars.log(step, scalars)
+
+    def save(self, step):
+        """The checkpoint, atomically: a temporary file in --save-dir, flushed to the disk, then renamed over the
+        last one (a crash at any point leaves one whole checkpoint). Its seconds are left out of the fps window."""
+        t_save, args = time.perf_counter(), self.args
+        checkpoint = {"format": CHECKPOINT_FORMAT, "script": self.script, "args": asdict(args), "global_step": step,
+                      "returns": list(self.returns), "curve": self.curve, "rng": rng_states(),
+                      "state": state_dict(self.state)}  # fmt: skip
+        temporary = os.path.join(args.save_dir, f".{self.script}.{os.getpid()}.tmp")
+        try:
+            with open(temporary, "wb") as f:
+                try:
+                    torch.save(checkpoint, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                except BaseException:
+                    os.unlink(temporary)
+                    raise
+            os.replace(temporary, checkpoint_file(args.save_dir, self.script))
+            folder = os.open(args.save_dir, os.O_RDONLY)  # the rename itself on the disk
+            os.fsync(folder)
+            os.close(folder)
+        except OSError as e:
+            fail(f"--save-dir {args.save_dir}: the checkpoint of step {step} was not written: {e.strerror or e}")
+        self.next_save, self.window.paused = self.save_due(step), self.window.paused + time.perf_counter() - t_save
+
+    def evaluation(self, returns):
+        """--eval-checkpoint: the first --eval-episodes of `returns`, each printed, then their record, printed last."""
+        done = []
+        for episodic_return in returns:
+            done.append(round(float(episodic_return), 2))
+            print(f"episode {len(done)}: return {done[-1]:.2f}", flush=True)
+            if len(done) == self.args.eval_episodes:
+                break
+        record = {"script": self.script, "env_id": self.args.env_id,
+                  "checkpoint": checkpoint_file(self.args.eval_checkpoint, self.script), "episodes": len(done),
+                  "mean": round(float(np.mean(done)), 2), "std": round(float(np.std(done)), 2), "returns": done}  # fmt: skip
+        print(json.dumps(record), flush=True)
+        return record
+
+    def finish(self, interrupted):
+        """The speed record: printed as the last stdout line, appended to --speed-log, and returned. After Ctrl-C it
+        covers the steps done; a run that never reached its fps window is measured over its whole loop."""
+        for signum in (signal.SIGINT, signal.SIGTERM):  # nothing cuts the record short
+            signal.signal(signum, signal.SIG_IGN)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        t_end, window = time.perf_counter(), self.window or SpeedWindow(0, 0)
+        if self.profiler is not None:
+            self.save_profile()
+        if self.bar is not None:
+            self.bar.update(self.steps - self.bar.n)
+            self.bar.close()
+            self.tick(self.steps)
+        if interrupted:
+            print(f"interrupted after {self.steps} env steps", file=sys.stderr, flush=True)
+        steady = window.steady(self.steps)
+        record = {
+            "script": self.script, "env_id": self.args.env_id, "seed": self.args.seed,
+            "compile": getattr(self.args, "compile", False), "cudagraphs": getattr(self.args, "cudagraphs", False),
+            "device": self.device.type, "gpu": torch.cuda.get_device_name() if self.device.type == "cuda" else None,
+            "cpu_count": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "total_timesteps": self.steps, "fps": round(window.fps(self.steps, t_end), 1), "steady": steady,
+            "interrupted": interrupted, "fps_overall": round((self.steps - window.first_step) / (t_end - self.t_start), 1),
+            "resumed_from": window.first_step if self.checkpoint is not None else None,
+            "checkpoint_seconds": round(window.paused, 3),
+            "warmup_seconds": round((window.t_open if steady else window.t_loop) - self.t_start, 3),
+            "wall_seconds": round(t_end - self.t_start, 3), "episodic_return": self.bar and self.mean_return(),
+            "return_curve": self.bar and self.curve or [],
+        }  # fmt: skip
+        line = json.dumps(record)
+        if self.args.speed_log:
+            with open(self.args.speed_log, "a") as f:  # one write of a whole line: concurrent runs never interleave
+                f.write(line + "\n")
+        print(line, flush=True)
+        return record
+
+
+def main(argv=None):
+    """Train, or with --eval-checkpoint evaluate, as the arguments say; returns the record printed last on stdout."""
+    script = os.path.basename(__file__)[: -len(".py")]
+    args, checkpoint = parse_args(script, sys.argv[1:] if argv is None else argv)
+    run = Run(args, script, checkpoint)
+    if args.eval_checkpoint:
+        return run.evaluation(evaluate(args, run, checkpoint["state"]))
+    try:
+        train(args, run)
+        if args.save_dir:
+            run.save(run.steps)
+    except KeyboardInterrupt:
+        return run.finish(interrupted=True)
+    return run.finish(interrupted=False)
+
+
+if __name__ == "__main__":
+    sys.exit(130 if main().get("interrupted") else 0)
+# ======== end of harness ========
