@@ -22,6 +22,8 @@ class Args:
     """the learning rate of the optimizer"""
     step_seconds: float = 0.0
     """seconds each step sleeps, so that tests can interrupt a run in its loop"""
+    capture_video: bool = False
+    """record videos under videos/<run name>/ (env 0 in training; every episode of --eval-checkpoint)"""
     # ---- run options: the same in every script (stamped from leanrl/harness.py) ----
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     """the name of this experiment, in the run's name"""
@@ -41,8 +43,6 @@ class Args:
     """the entity (team) of the wandb project"""
     tensorboard: bool = True
     """write TensorBoard scalars under runs/<run name>/"""
-    capture_video: bool = False
-    """record videos under videos/<run name>/ (env 0 in training; every episode of --eval-checkpoint)"""
     speed_log: str | None = None
     """append the speed record (the last stdout line, one JSON object) to this file"""
     profile_dir: str | None = None
@@ -214,6 +214,7 @@ POSITIVE = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "upda
             "batch_size", "learning_rate", "policy_lr", "q_lr", "policy_frequency", "target_network_frequency",
             "train_frequency", "eval_episodes", "target_kl", "max_grad_norm")  # fmt: skip
 FRACTIONS = ("gamma", "gae_lambda", "tau")
+PROGRESS_SECONDS = 1.0  # between refreshes of the progress bar, and logs of the fps
 QUIET_WARNINGS = (r".*The environment \S+-v4 is out of date", r"Using lock_\(\) inside a compiled graph")
 
 
@@ -261,7 +262,7 @@ def check_outputs(args, script):
     """Before the run: every output writable (missing folders made, a --speed-log kept as it is), no other run's
     checkpoint overwritten, and a way for MuJoCo to render videos without a display (EGL, else OSMesa)."""
     folders = {"--save-dir": args.save_dir, "--profile-dir": args.profile_dir, "runs": args.tensorboard and "runs",
-               "videos": args.capture_video and "videos", "--speed-log": args.speed_log and os.path.dirname(os.path.abspath(args.speed_log))}  # fmt: skip
+               "videos": getattr(args, "capture_video", False) and "videos", "--speed-log": args.speed_log and os.path.dirname(os.path.abspath(args.speed_log))}  # fmt: skip
     for option, folder in folders.items():
         try:
             if folder:
@@ -273,7 +274,7 @@ def check_outputs(args, script):
     existing = args.save_dir and checkpoint_file(args.save_dir, script)
     if existing and os.path.exists(existing) and not (args.resume and os.path.samefile(checkpoint_file(args.resume, script), existing)):
         fail(f"--save-dir {args.save_dir} holds another run's checkpoint: --resume it, or pass another --save-dir")
-    if args.capture_video and not (os.environ.get("DISPLAY") or os.environ.get("MUJOCO_GL")):
+    if getattr(args, "capture_video", False) and not (os.environ.get("DISPLAY") or os.environ.get("MUJOCO_GL")):
         gl = next((gl for gl, lib in (("egl", "EGL"), ("osmesa", "OSMesa")) if find_library(lib)), None)
         if gl:
             os.environ["MUJOCO_GL"] = os.environ["PYOPENGL_PLATFORM"] = gl
@@ -394,7 +395,7 @@ class Run:
         torch.set_num_threads(args.torch_threads or os.cpu_count())
         if not args.eval_checkpoint:
             check_outputs(args, script)
-        self.video_folder = os.path.join("videos", self.run_name) if args.capture_video else None
+        self.video_folder = os.path.join("videos", self.run_name) if getattr(args, "capture_video", False) else None
         self.phase = record_function if args.profile_dir else lambda name: nullcontext()
         self.steps, self.signal, self.state, self.window, self.profiler, self.bar = 0, None, None, None, None, None
         for signum in (signal.SIGINT, signal.SIGTERM):  # set, not inherited: a background job's SIGINT is ignored
@@ -463,7 +464,7 @@ class Run:
         self.steps, now = step, time.perf_counter()
         if self.returns and step * 50 // self.total_steps > (self.curve[-1][0] * 50 // self.total_steps if self.curve else -1):
             self.curve.append([step, round(now - self.t_start, 3), self.mean_return()])
-        if now - self.t_shown < 1.0:
+        if now - self.t_shown < PROGRESS_SECONDS:
             return False
         self.t_shown, fps = now, self.window.fps(step, now)
         self.bar.set_postfix_str(f"fps {fps:.0f}{'' if self.window.steady(step) else ' (warm-up)'}, return {self.mean_return()}", refresh=False)

@@ -1,7 +1,7 @@
 """Stamp the shared blocks of leanrl/harness.py into every training script, or check that every copy is the same.
 
-    python leanrl/tools/stamp.py           rewrite each script's blocks from leanrl/harness.py
-    python leanrl/tools/stamp.py --check   exit 1, naming the scripts and blocks that differ from it
+    python leanrl/tools/stamp.py [SCRIPT ...]           rewrite the scripts' blocks (default: every script)
+    python leanrl/tools/stamp.py --check [SCRIPT ...]   exit 1, naming the scripts and blocks that differ
 
 A block runs from its fence line to its end line, both included, and is copied as it is. Every script has the
 run options (inside its Args) and the harness (at its end); the torchrun block only the scripts that run
@@ -56,9 +56,10 @@ def stamped(text, source):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 where a copy differs")
-    check = parser.parse_args(argv).check
-    source, drifted = SOURCE.read_text(), []
-    for path in scripts():
+    parser.add_argument("scripts", nargs="*", type=Path, help="the scripts (default: every one in leanrl/)")
+    options = parser.parse_args(argv)
+    check, source, drifted = options.check, SOURCE.read_text(), []
+    for path in options.scripts or scripts():
         text, differ = stamped(path.read_text(), source)
         if differ:
             drifted.append(f"{path.name}: {', '.join(differ)}")
