@@ -254,6 +254,8 @@ def parse_args(script, argv):
                 fail(f"--{name.replace('_', '-')} {value} must be in (0, 1]")
     if args.save_every and not args.save_dir:
         fail(f"--save-every {args.save_every} needs --save-dir")
+    if args.track and not args.tensorboard:
+        fail("--track mirrors the TensorBoard scalars to wandb: drop --no-tensorboard")
     check_args(args)
     return args, checkpoint
 
@@ -283,18 +285,19 @@ def check_outputs(args, script):
 
 
 class ScalarLog:
-    """Scalars to TensorBoard (runs/<run name>/) and, with --track, to wandb; tensors read back in one sync."""
+    """Scalars to TensorBoard (runs/<run name>/), which --track mirrors to wandb as CleanRL does; tensors are read
+    back in one sync."""
 
     def __init__(self, args, run_name):
         self.writer = self.wandb = None
-        if args.track:
+        if args.track:  # before the writer: wandb mirrors the writers made after it
             import wandb
 
             try:
-                wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=run_name)
+                self.wandb = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
+                                        name=run_name, sync_tensorboard=True, settings=wandb.Settings(silent=True))  # fmt: skip
             except Exception as e:  # no `wandb login`, WANDB_API_KEY or WANDB_MODE=offline; no network
                 fail(f"--track: wandb did not start: {str(e).splitlines()[0]}")
-            self.wandb = wandb
         if args.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -304,13 +307,17 @@ class ScalarLog:
 
     def log(self, step, scalars):
         tensors = [key for key, value in scalars.items() if isinstance(value, torch.Tensor)]
-        if tensors:
+        if self.writer and tensors:
             values = torch.stack([scalars[key].detach().float().reshape(()).cpu() for key in tensors]).tolist()
             scalars = {**scalars, **dict(zip(tensors, values))}
         for key, value in scalars.items() if self.writer else ():
             self.writer.add_scalar(key, value, step)
+
+    def close(self):
+        if self.writer:
+            self.writer.close()
         if self.wandb:
-            self.wandb.log(scalars, step=step)
+            self.wandb.finish()
 
 
 class SpeedWindow:
@@ -462,8 +469,8 @@ class Run:
         """An env step is done, `step` in all. About 50 times a run the mean return joins the curve; every second the
         bar shows the fps, which is logged, and tick returns True: the loop logs its statistics."""
         self.steps, now = step, time.perf_counter()
-        if self.returns and step * 50 // self.total_steps > (self.curve[-1][0] * 50 // self.total_steps if self.curve else -1):
-            self.curve.append([step, round(now - self.t_start, 3), self.mean_return()])
+        if step * 50 // self.total_steps > (self.curve[-1][0] * 50 // self.total_steps if self.curve else 0):
+            self.add_point(step, now)
         if now - self.t_shown < PROGRESS_SECONDS:
             return False
         self.t_shown, fps = now, self.window.fps(step, now)
@@ -471,6 +478,10 @@ class Run:
         self.bar.update(step - self.bar.n)
         self.log(step, {"charts/SPS": fps})
         return True
+
+    def add_point(self, step, now):
+        if self.returns and (not self.curve or self.curve[-1][0] < step):
+            self.curve.append([step, round(now - self.t_start, 3), self.mean_return()])
 
     def episode(self, step, episodic_return, length):
         self.returns.append(float(episodic_return))
@@ -529,9 +540,10 @@ class Run:
         if self.profiler is not None:
             self.save_profile()
         if self.bar is not None:
+            self.add_point(self.steps, t_end)  # the curve ends where the run did
             self.bar.update(self.steps - self.bar.n)
             self.bar.close()
-            self.tick(self.steps)
+            self.scalars.close()
         if interrupted:
             print(f"interrupted after {self.steps} env steps", file=sys.stderr, flush=True)
         steady = window.steady(self.steps)

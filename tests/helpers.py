@@ -182,8 +182,8 @@ def run_interrupted(name, argv, at_step, capsys, monkeypatch):
     """Ctrl-C once the loop has done at_step env steps (before its fps window opens): main() still returns the speed
     record, which says it was interrupted and covers the steps done, and a second Ctrl-C is ignored until the
     record is out. This process's SIGINT handler, which the script leaves ignoring, is put back."""
-    meter = load_script(name).Meter
-    tick = meter.tick
+    run = load_script(name).Run
+    tick = run.tick
 
     def interrupting_tick(self, global_step):
         shown = tick(self, global_step)
@@ -191,7 +191,7 @@ def run_interrupted(name, argv, at_step, capsys, monkeypatch):
             raise KeyboardInterrupt
         return shown
 
-    monkeypatch.setattr(meter, "tick", interrupting_tick)
+    monkeypatch.setattr(run, "tick", interrupting_tick)
     handler = signal.getsignal(signal.SIGINT)
     try:
         record, err = run_main_stderr(name, argv, capsys, interrupted=True)
