@@ -214,7 +214,7 @@ POSITIVE = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "upda
             "batch_size", "learning_rate", "policy_lr", "q_lr", "policy_frequency", "target_network_frequency",
             "train_frequency", "eval_episodes", "target_kl", "max_grad_norm")  # fmt: skip
 FRACTIONS = ("gamma", "gae_lambda", "tau")
-PROGRESS_SECONDS = 1.0  # between refreshes of the progress bar, and logs of the fps
+PROGRESS_SECONDS, CONSOLE_SECONDS = 1.0, 10.0  # between refreshes of the bar and logs of the fps; progress lines
 QUIET_WARNINGS = (r".*The environment \S+-v4 is out of date", r"Using lock_\(\) inside a compiled graph")
 
 
@@ -434,8 +434,9 @@ class Run:
         self.scalars = ScalarLog(self.args, self.run_name)  # now that the env and networks are made: no empty run
         self.window, self.t_shown = SpeedWindow(first_step, max(warmup_from, first_step) + warmup_steps), 0.0
         # A bar on a terminal; elsewhere (logs, CI) a line every 10 s.
-        tty = sys.stderr.isatty()
-        self.bar = tqdm.tqdm(total=total_steps, initial=first_step, unit="step", unit_scale=True, mininterval=1 if tty else 10, ascii=not tty)
+        # A bar on a terminal; elsewhere (logs, CI) a line every CONSOLE_SECONDS.
+        self.bar = tqdm.tqdm(total=total_steps, initial=first_step, unit="step", unit_scale=True, disable=None)
+        self.t_line = time.perf_counter()
         return first_step
 
     def save_due(self, step):
@@ -474,8 +475,12 @@ class Run:
         if now - self.t_shown < PROGRESS_SECONDS:
             return False
         self.t_shown, fps = now, self.window.fps(step, now)
-        self.bar.set_postfix_str(f"fps {fps:.0f}{'' if self.window.steady(step) else ' (warm-up)'}, return {self.mean_return()}", refresh=False)
+        status = f"fps {fps:.0f}{'' if self.window.steady(step) else ' (warm-up)'}, return {self.mean_return()}"
+        self.bar.set_postfix_str(status, refresh=False)
         self.bar.update(step - self.bar.n)
+        if self.bar.disable and now - self.t_line >= CONSOLE_SECONDS:
+            self.t_line, eta = now, (self.total_steps - step) / max(fps, 1e-9) / 60
+            print(f"{self.script}: {step}/{self.total_steps} steps, {status}, eta {eta:.1f} min", file=sys.stderr)
         self.log(step, {"charts/SPS": fps})
         return True
 

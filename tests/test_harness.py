@@ -1,0 +1,239 @@
+"""The harness, tested once through leanrl/harness.py, the toy script around its single source (every training
+script carries a stamped copy, test_contract.py): the speed record, resume in place, checkpoints written
+atomically where the run was resumed from, Ctrl-C and SIGTERM, kill -9, bad input, outputs checked at start."""
+
+import copy
+import hashlib
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import SCRIPTS, assert_one_line_error, load_script, run_bad_input, run_main, run_main_stderr, wait_for
+
+NAME = "harness"
+pytestmark = pytest.mark.usefixtures("workdir")
+
+
+def checkpoint_of(folder):
+    return torch.load(Path(folder) / f"{NAME}.pt", weights_only=True)
+
+
+def digest(path):
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def start(*argv, cwd, ignore_sigint=False):
+    """The toy as a user runs it, slowed down so that signals land in its loop. ignore_sigint: as a background job
+    of a non-interactive shell starts, with SIGINT ignored."""
+    preexec = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None
+    return subprocess.Popen([sys.executable, str(SCRIPTS / f"{NAME}.py"), "--step-seconds", "0.01", *argv], cwd=cwd,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=preexec)  # fmt: skip
+
+
+def test_record_tensorboard_and_speed_log(capsys):
+    """The record as every script writes it, its fps from the steady window; the scalars in TensorBoard; the record
+    appended to --speed-log, whose earlier lines stay."""
+    Path("logs").mkdir()
+    Path("logs/speed.jsonl").write_text('{"earlier": "line"}\n')
+    record = run_main(NAME, ["--speed-log", "logs/speed.jsonl"], capsys)
+    assert record["steady"] is True and record["total_timesteps"] == 2000 and record["resumed_from"] is None
+    assert record["episodic_return"] is not None and record["return_curve"][-1][0] == 2000
+    assert 0 < len(record["return_curve"]) <= 52
+    lines = [json.loads(line) for line in Path("logs/speed.jsonl").read_text().splitlines()]
+    assert lines == [{"earlier": "line"}, record]
+
+
+def test_resume_restores_the_state_in_place(capsys, monkeypatch):
+    """A resumed run goes on from the checkpoint's very tensors (model, Adam's moments, a counter) and generators,
+    restored into the objects the loop already holds, and saves into the folder it was resumed from."""
+    run_main(NAME, ["--total-timesteps", "400", "--save-dir", "run", "--no-tensorboard"], capsys)
+    saved = checkpoint_of("run")
+    seen = {}
+    start_run = load_script(NAME).Run.start
+
+    def recording_start(self, state, **plan):
+        first_step = start_run(self, state, **plan)
+        seen.update(first_step=first_step, state=copy.deepcopy(load_script(NAME).state_dict(state)), rng=torch.get_rng_state())
+        return first_step
+
+    monkeypatch.setattr(load_script(NAME).Run, "start", recording_start)
+    record, err = run_main_stderr(NAME, ["--resume", "run", "--total-timesteps", "800", "--no-tensorboard"], capsys)
+    assert seen["first_step"] == 400 and record["resumed_from"] == 400 and record["total_timesteps"] == 800
+    assert "resuming at env step 400" in err
+    assert torch.equal(seen["rng"], saved["rng"]["torch"])
+    assert torch.equal(seen["state"]["seen"], torch.tensor(400))
+    for name in ("model", "optimizer"):
+        assert str(seen["state"][name]) == str(saved["state"][name]), name
+    assert checkpoint_of("run")["global_step"] == 800 and checkpoint_of("run")["returns"] != saved["returns"]
+
+
+def test_a_copied_folder_resumes_into_the_copy(capsys):
+    """--resume DIR writes the next checkpoints into DIR, the original folder untouched; --save-dir names another."""
+    run_main(NAME, ["--total-timesteps", "400", "--save-dir", "first", "--no-tensorboard"], capsys)
+    shutil.copytree("first", "copy")
+    before = digest("first/harness.pt")
+    run_main(NAME, ["--resume", "copy", "--total-timesteps", "800", "--no-tensorboard"], capsys)
+    assert checkpoint_of("copy")["global_step"] == 800 and digest("first/harness.pt") == before
+    run_main(NAME, ["--resume", "copy/harness.pt", "--total-timesteps", "1200", "--save-dir", "other",
+                    "--no-tensorboard"], capsys)  # fmt: skip
+    assert checkpoint_of("other")["global_step"] == 1200 and checkpoint_of("copy")["global_step"] == 800
+
+
+def test_a_finished_run_resumed_says_so(capsys):
+    run_main(NAME, ["--total-timesteps", "400", "--save-dir", "run", "--no-tensorboard"], capsys)
+    before = digest("run/harness.pt")
+    proc = run_bad_input(NAME, ["--resume", "run", "--no-tensorboard"], capsys)
+    assert_one_line_error(proc, "--resume run", "finished", "400", "--total-timesteps")
+    assert digest("run/harness.pt") == before
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--learning-rate", "-0.1"], "--learning-rate -0.1"),
+        (["--learning-rate", "0"], "--learning-rate 0"),
+        (["--learning-rate", "nan"], "--learning-rate nan"),
+        (["--seed", "-1"], "--seed -1"),
+        (["--total-timesteps", "0"], "--total-timesteps 0"),
+        (["--num-envs", "0"], "--num-envs 0"),
+        (["--torch-threads", "-1"], "--torch-threads -1"),
+        (["--eval-episodes", "0"], "--eval-episodes 0"),
+        (["--save-every", "100"], "--save-every 100"),
+        (["--track", "--no-tensorboard"], "--no-tensorboard"),
+        (["--resume", "a", "--eval-checkpoint", "b"], "exclude each other"),
+        (["--total-timesteps", "1001"], "--total-timesteps 1001"),  # the script's own check_args
+    ],
+)
+def test_bad_flags(argv, flag, capsys):
+    """Every numeric flag is range-checked by name, before anything runs: one line naming the flag, exit 2."""
+    assert_one_line_error(run_bad_input(NAME, argv, capsys), flag)
+    assert not Path("runs").exists()
+
+
+@pytest.fixture
+def saved(capsys):
+    """A checkpoint of the toy in run/, and the digest of its bytes."""
+    run_main(NAME, ["--total-timesteps", "400", "--save-dir", "run", "--no-tensorboard"], capsys)
+    return digest("run/harness.pt")
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--resume", "missing.pt"], "missing.pt"),
+        (["--eval-checkpoint", "empty"], "empty/harness.pt"),
+        (["--resume", "truncated.pt"], "truncated.pt"),
+        (["--eval-checkpoint", "text.pt"], "text.pt"),
+        (["--resume", "plain.pt"], "plain.pt"),
+        (["--resume", "other_script.pt"], "other_script.pt"),
+        (["--save-dir", "run"], "--save-dir run"),
+        (["--save-dir", "run/harness.pt/inside"], "--save-dir"),
+    ],
+)
+def test_bad_checkpoints_and_folders(saved, argv, fragment, capsys):
+    """One error line each, and the checkpoint already there untouched."""
+    data = Path("run/harness.pt").read_bytes()
+    Path("truncated.pt").write_bytes(data[:1000])
+    Path("text.pt").write_text("not a checkpoint\n")
+    torch.save({"weights": torch.zeros(2)}, "plain.pt")
+    torch.save({**torch.load("run/harness.pt", weights_only=True), "script": "sac_continuous_action"}, "other_script.pt")
+    Path("empty").mkdir()
+    assert_one_line_error(run_bad_input(NAME, argv, capsys), fragment)
+    assert digest("run/harness.pt") == saved
+
+
+@pytest.mark.parametrize("option, below", [("--speed-log", "speed.jsonl"), ("--profile-dir", "profile"),
+                                           ("--save-dir", "run")])  # fmt: skip
+def test_unwritable_output_fails_at_start(option, below, capsys):
+    Path("plain-file").write_text("not a folder\n")
+    proc = run_bad_input(NAME, [option, f"plain-file/{below}"], capsys)
+    assert_one_line_error(proc, option, "cannot be written")
+    assert Path("plain-file").read_text() == "not a folder\n"
+
+
+def test_failed_write_keeps_the_last_checkpoint(capsys, monkeypatch):
+    """A write that fails half-way (the disk full) is one error line; the checkpoint before it still loads, and no
+    temporary file is left behind."""
+    save, calls = torch.save, []
+
+    def failing_save(obj, f):
+        calls.append(obj["global_step"])
+        if len(calls) == 1:
+            return save(obj, f)
+        f.write(b"half a checkpoint")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", failing_save)
+    argv = ["--total-timesteps", "800", "--save-every", "200", "--save-dir", "run", "--no-tensorboard"]
+    assert_one_line_error(run_bad_input(NAME, argv, capsys), "the checkpoint of step 400 was not written")
+    assert calls == [200, 400] and checkpoint_of("run")["global_step"] == 200
+    assert [p.name for p in Path("run").iterdir()] == [f"{NAME}.pt"]
+
+
+def test_profile_window(capsys):
+    """--profile-dir: a trace of the steady window's first units, with the loop's phases and env steps per call."""
+    run_main(NAME, ["--profile-dir", "profile", "--no-tensorboard"], capsys)
+    trace = json.loads(Path("profile/harness.trace.json").read_text())
+    names = {event.get("name") for event in trace["traceEvents"]}
+    assert {"env_step", "update"} <= names and int(trace["env_steps_per_call"]) == 4
+
+
+def test_evaluation(saved, capsys):
+    record = load_script(NAME).main(["--eval-checkpoint", "run", "--eval-episodes", "3"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert json.loads(out[-1]) == record and record["episodes"] == 3 and len(out) == 4
+    assert out[:3] == [f"episode {i + 1}: return {r:.2f}" for i, r in enumerate(record["returns"])]
+
+
+@pytest.mark.parametrize("signum, ignored", [(signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGINT, True)])
+def test_signal_saves_and_the_run_resumes(signum, ignored, workdir):
+    """Ctrl-C or SIGTERM with --save-dir, also where SIGINT came ignored (a background job of a script): a
+    checkpoint at the end of the step, the interrupted record, exit 130; the resumed run goes on from there."""
+    proc = start("--total-timesteps", "100000", "--save-every", "40", "--save-dir", "run", "--no-tensorboard",
+                 cwd=workdir, ignore_sigint=ignored)  # fmt: skip
+    wait_for(workdir / "run" / f"{NAME}.pt", proc)
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    record = json.loads(out.strip().splitlines()[-1])
+    assert record["interrupted"] is True and f"interrupted after {record['total_timesteps']} env steps" in err
+    assert checkpoint_of(workdir / "run")["global_step"] == record["total_timesteps"]
+    resumed = start("--total-timesteps", str(record["total_timesteps"] + 40), "--resume", "run", "--no-tensorboard",
+                    cwd=workdir)  # fmt: skip
+    out, err = resumed.communicate(timeout=120)
+    assert resumed.returncode == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["resumed_from"] == record["total_timesteps"]
+
+
+def test_killed_run_resumes(workdir):
+    """kill -9 after a checkpoint: the run resumes from it and ends."""
+    killed = start("--total-timesteps", "100000", "--save-every", "40", "--save-dir", "run", "--no-tensorboard",
+                   cwd=workdir)  # fmt: skip
+    wait_for(workdir / "run" / f"{NAME}.pt", killed)
+    killed.kill()
+    killed.wait()
+    step = checkpoint_of(workdir / "run")["global_step"]
+    resumed = start("--total-timesteps", str(step + 80), "--resume", "run", "--no-tensorboard", cwd=workdir)
+    out, err = resumed.communicate(timeout=120)
+    assert resumed.returncode == 0, err
+    record = json.loads(out.strip().splitlines()[-1])
+    assert record["resumed_from"] == step and record["total_timesteps"] == step + 80
+
+
+def test_progress_lines_where_stderr_is_not_a_terminal(capsys, monkeypatch):
+    """With no wait between lines: one line per env step, counting env steps, marked as warm-up until the fps window
+    opens (8 steps of 4 envs)."""
+    monkeypatch.setattr(load_script(NAME), "PROGRESS_SECONDS", 0.0)
+    monkeypatch.setattr(load_script(NAME), "CONSOLE_SECONDS", 0.0)
+    record, err = run_main_stderr(NAME, ["--total-timesteps", "80", "--no-tensorboard"], capsys)
+    pattern = re.compile(rf"{NAME}: (\d+)/80 steps, fps \d+( \(warm-up\))?, return (None|-?\d+\.\d+), eta \d+\.\d min")
+    lines = [m for m in map(pattern.fullmatch, err.splitlines()) if m]
+    assert [int(m.group(1)) for m in lines] == list(range(4, 84, 4)), err[-500:]
+    assert [bool(m.group(2)) for m in lines] == [step <= 32 for step in range(4, 84, 4)]
+    assert record["steady"] is True
