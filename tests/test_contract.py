@@ -1,48 +1,42 @@
-"""The parts every training script shares are word for word the same in each (docs/contract.md), and the
-baseline-to-twin diff of each pair touches only what the twin makes fast."""
+"""What every training script shares (docs/contract.md): the stamped blocks of leanrl/harness.py, word for word; the
+algorithm first, a network or env class early in the file; Args documented; the twin keeping the baseline's
+algorithm parts; and each script running when copied alone."""
 
 import ast
-import difflib
+import importlib.util
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPTS = sorted((Path(__file__).resolve().parents[1] / "leanrl").glob("*.py"))
+LEANRL = Path(__file__).resolve().parents[1] / "leanrl"
+SCRIPTS = sorted(path for path in LEANRL.glob("*.py") if path.stem != "harness")
 BASELINES = (
     "dqn", "ppo_atari_envpool", "ppo_atari_envpool_multigpu", "ppo_classic_control_gpu", "ppo_continuous_action",
     "sac_continuous_action", "td3_continuous_action",
 )  # fmt: skip
-SHARED_DEFS = (
-    "fail", "flag", "wandb_credentials", "checkpoint_file", "open_checkpoint", "rng_states", "restore_rng_states",
-    "Meter", "main",
-)  # fmt: skip
-SHARED_CONSTANTS = ("PROGRESS_SECONDS", "CONSOLE_SECONDS", "QUIET_WARNINGS", "CHECKPOINT_FORMAT", "RESUMABLE_ARGS")
-# The pairs that run data-parallel under torchrun, and the parts of it they share: average_gradients is the same in
-# their baselines and the same in their twins (each gives the twin's flat buffer or the baseline's parameters).
-DISTRIBUTED = ("ppo_atari_envpool_multigpu", "ppo_classic_control_gpu")
-DISTRIBUTED_DEFS = (
-    "DIST_TIMEOUT_SECONDS", "world", "leave_process_group", "fail_on_every_rank", "digests_differ",
-    "setup_distributed", "stop_together", "agree", "broadcast_parameters", "check_ranks_agree",
-)  # fmt: skip
-COMMON_FIELDS = (
-    "cuda", "torch_threads", "track", "wandb_project_name", "wandb_entity", "tensorboard", "speed_log",
-    "profile_dir", "save_dir", "save_every", "resume", "eval_checkpoint", "eval_episodes", "capture_video",
-)  # fmt: skip
+# The scripts that run data-parallel under torchrun carry the torchrun block too.
+TORCHRUN = ("ppo_atari_envpool_multigpu", "ppo_classic_control_gpu")
+
+
+def stamp_tool():
+    spec = importlib.util.spec_from_file_location("stamp", LEANRL / "tools" / "stamp.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def top_level(path):
-    """{name: source text} of the module-level functions, classes, assignments and the __main__ block."""
+    """{name: source text} of the module-level functions, classes and assignments."""
     source = path.read_text()
-    tree = ast.parse(source)
     parts = {}
-    for node in tree.body:
-        text = ast.get_source_segment(source, node)
+    for node in ast.parse(source).body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            parts[node.name] = text
+            parts[node.name] = ast.get_source_segment(source, node)
         elif isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
-            parts[node.targets[0].id] = text
-        elif isinstance(node, ast.If):
-            parts["__main__"] = text
+            parts[node.targets[0].id] = ast.get_source_segment(source, node)
     return parts
 
 
@@ -58,68 +52,69 @@ def args_fields(path):
 
 
 def test_seven_baselines_and_their_twins():
-    """The scripts are exactly these baselines and, for each, its _torchcompile twin."""
     pairs = [stem for base in BASELINES for stem in (base, base + "_torchcompile")]
     assert sorted(path.stem for path in SCRIPTS) == sorted(pairs)
 
 
-def assert_same_in(name, paths):
-    """The top-level part `name` is in every script of `paths`, the same text in each."""
-    texts = {path.name: top_level(path).get(name) for path in paths}
-    missing = [script for script, text in texts.items() if text is None]
-    assert not missing, f"{name} is missing in {missing}"
-    reference = texts[paths[0].name]
-    for script, text in texts.items():
-        diff = "\n".join(difflib.unified_diff(reference.splitlines(), text.splitlines(), lineterm="", n=0))
-        assert text == reference, f"{name} in {script} differs from {paths[0].name}:\n{diff}"
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.stem)
+def test_stamped_blocks_are_the_harness(path, capsys):
+    """The run options, the harness and (torchrun scripts) the torchrun block are leanrl/harness.py's, word for word."""
+    assert stamp_tool().main(["--check", str(path)]) == 0, capsys.readouterr().out
+    has_torchrun = "# ======== torchrun:" in path.read_text()
+    assert has_torchrun == path.stem.startswith(TORCHRUN)
 
 
-@pytest.mark.parametrize("name", SHARED_DEFS + SHARED_CONSTANTS + ("__main__",))
-def test_shared_parts_are_word_for_word_the_same(name):
-    assert_same_in(name, SCRIPTS)
+def test_the_check_fails_where_a_copy_drifted(tmp_path, capsys):
+    """The stamp tool's --check names a script whose harness was edited, and stamping puts it back."""
+    source = (LEANRL / "harness.py").read_text()
+    copy = tmp_path / "script.py"
+    copy.write_text(source.replace('"""Bad input: one line', '"""Bad input, edited: one line'))
+    tool = stamp_tool()
+    assert tool.main(["--check", str(copy)]) == 1
+    assert "script.py: harness" in capsys.readouterr().out
+    assert tool.main([str(copy)]) == 0 and copy.read_text() == source
 
 
-@pytest.mark.parametrize("name", DISTRIBUTED_DEFS + ("average_gradients",))
-def test_distributed_parts_are_word_for_word_the_same(name):
-    """In every script that runs under torchrun; average_gradients among the baselines, and among the twins."""
-    paths = [path for path in SCRIPTS if path.stem.startswith(DISTRIBUTED)]
-    assert len(paths) == 2 * len(DISTRIBUTED)
-    if name == "average_gradients":
-        for twins in (False, True):
-            assert_same_in(name, [path for path in paths if path.stem.endswith("_torchcompile") == twins])
-    else:
-        assert_same_in(name, paths)
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.stem)
+def test_algorithm_first(path):
+    """Imports, Args, the algorithm (a network or env class within the first 150 lines), then the harness, last."""
+    lines = path.read_text().splitlines()
+    first_class = next(i for i, line in enumerate(lines) if line.startswith("class ") and "Args" not in line)
+    assert first_class < 150, f"{path.name}: the first network or env class is at line {first_class + 1}"
+    fence = next(i for i, line in enumerate(lines) if line.startswith(("# ======== torchrun:", "# ======== harness:")))
+    names = [name for name in top_level(path) if name in ("train", "evaluate", "check_args")]
+    assert sorted(names) == ["check_args", "evaluate", "train"]
+    source = path.read_text()
+    assert all(source.index(f"\ndef {name}(") < source.index(lines[fence]) for name in names)
 
 
-def test_common_args_are_the_same_and_documented():
-    reference = {name: args_fields(SCRIPTS[0])[name] for name in COMMON_FIELDS}
-    for path in SCRIPTS:
-        fields = args_fields(path)
-        assert {name: fields.get(name) for name in COMMON_FIELDS} == reference, path.name
-        undocumented = [name for name, (_, _, doc) in fields.items() if not doc]
-        assert not undocumented, f"{path.name}: fields without a docstring: {undocumented}"
-        twin = path.stem.endswith("_torchcompile")
-        assert ("compile" in fields and "cudagraphs" in fields) == twin, path.name
-
-
-def test_every_script_names_its_statistics():
-    for path in SCRIPTS:
-        parts = top_level(path)
-        assert "STATS" in parts, path.name
-        stats = ast.literal_eval(parts["STATS"].split("=", 1)[1].strip())
-        assert len(stats) == len(set(stats)) > 0, path.name
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.stem)
+def test_args_documented_and_twin_flags(path):
+    fields = args_fields(path)
+    undocumented = [name for name, (_, _, doc) in fields.items() if not doc]
+    assert not undocumented, f"{path.name}: fields without a docstring: {undocumented}"
+    twin = path.stem.endswith("_torchcompile")
+    assert ("compile" in fields and "cudagraphs" in fields) == twin, path.name
 
 
 @pytest.mark.parametrize("base", [p for p in SCRIPTS if not p.stem.endswith("_torchcompile")], ids=lambda p: p.stem)
 def test_twin_keeps_the_baseline_algorithm_parts(base):
-    """What no trick touches stays identical in the twin: the networks' definitions and Args' algorithm fields."""
+    """What no trick touches stays identical in the twin: Args' algorithm fields, the networks, the checks."""
     twin = base.with_name(base.stem + "_torchcompile.py")
-    fields_base, fields_twin = args_fields(base), args_fields(twin)
     twin_only = ("compile", "cudagraphs", "fused_rollout")  # fused_rollout: the GPU classic-control twin's kernel
-    assert {k: v for k, v in fields_twin.items() if k not in twin_only} == fields_base
+    assert {k: v for k, v in args_fields(twin).items() if k not in twin_only} == args_fields(base)
     parts_base, parts_twin = top_level(base), top_level(twin)
     for name in ("check_args", "layer_init", "SoftQNetwork", "QNetwork", "linear_schedule", "STATS", "WARMUP_STEPS",
                  "WARMUP_ITERATIONS"):  # fmt: skip
         if name in parts_base:
             assert parts_twin.get(name) == parts_base[name], f"{name} differs between {base.stem} and its twin"
 
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.stem)
+def test_runs_when_copied_alone(path, tmp_path):
+    """A script imports no file of the project: copied alone into an empty folder, it runs (its --help)."""
+    shutil.copy(path, tmp_path / path.name)
+    proc = subprocess.run([sys.executable, path.name, "--help"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 0 and "--save-dir" in proc.stdout, proc.stderr
+    assert ("--capture-video" in proc.stdout) == ("capture_video" in args_fields(path))
