@@ -14,7 +14,8 @@
 #   -- ARGS    passed to every script after the run.sh arguments, so they override --quick's
 #
 # While a run goes, a line every HEARTBEAT seconds (default 10) shows its latest progress line and, once a
-# run has finished, the time the matrix has left (the mean time of the finished runs times the runs left).
+# run has finished, the time the matrix has left after it: each run left at the mean time of the finished runs
+# of its mode; while a mode has none, its runs count at the slowest mode's mean and the time is "at least".
 # Ctrl-C stops the current run (its record says interrupted), records it as interrupted, renders the report
 # and says how to resume. PYTHON picks the interpreter (default: python). Exit code: 0 when every run
 # succeeded, 1 when one failed, 2 for bad options, 130 when interrupted.
@@ -122,22 +123,17 @@ duration() {
 }
 
 # Run in the background while a run goes: every HEARTBEAT seconds, the run's position and time so far, its
-# log's latest progress line ("<script>: 12000/1000000 steps, fps ..., eta ... min") and, given the mean time
-# of a finished run ($3, -1: none yet) and the runs left after this one ($4), the time the matrix has left.
+# log's latest progress line ("<script>: 12000/1000000 steps, fps ..., eta ... min") and the time the runs after
+# it will take ($3, from eta_after; empty before any run has finished).
 heartbeat() {
-  local label=$1 log=$2 mean=$3 after=$4 start=$SECONDS nap="" line left now
+  local label=$1 log=$2 after=$3 start=$SECONDS nap="" line
   trap '[ -n "$nap" ] && kill "$nap" 2>/dev/null; exit 0' TERM
   while :; do
     sleep "$HEARTBEAT" &
     nap=$!
     wait "$nap"
     line="$(tail -c 65536 "$log" 2>/dev/null | tr '\r' '\n' | grep -aE '^[^ ]+: [0-9]+/[0-9]+ steps' | tail -n 1)"
-    left=""
-    if [ "$mean" -ge 0 ]; then
-      now=$((SECONDS - start))
-      left="; matrix: about $(duration $(((mean > now ? mean - now : 0) + mean * after))) left"
-    fi
-    echo "  $label, $(duration $((SECONDS - start))): ${line:-no progress line yet}$left"
+    echo "  $label, $(duration $((SECONDS - start))): ${line:-no progress line yet}${after:+; matrix after it: $after}"
   done
 }
 
@@ -172,12 +168,35 @@ done
 todo=0
 for name in "${NAMES[@]}"; do in_list "$name" "$DONE" || todo=$((todo + 1)); done
 
+# Seconds and runs finished per mode, for the time left: a compiled twin's run takes far longer than a baseline's.
+declare -A MODE_SPENT=() MODE_RAN=()
+# The time the runs left after run $1 will take ("" when none has finished yet or none is left).
+eta_after() {
+  local i=$1 j m mean slowest=0 seconds=0 untimed=0 left=0
+  [ "${#MODE_RAN[@]}" -gt 0 ] || return 0
+  for m in "${!MODE_RAN[@]}"; do
+    mean=$((MODE_SPENT[$m] / MODE_RAN[$m]))
+    [ "$mean" -gt "$slowest" ] && slowest=$mean
+  done
+  for ((j = i + 1; j < total; j++)); do
+    in_list "${NAMES[j]}" "$DONE" && continue
+    m="${RUN_MODE[j]}" left=$((left + 1))
+    if [ -n "${MODE_RAN[$m]:-}" ]; then
+      seconds=$((seconds + MODE_SPENT[$m] / MODE_RAN[$m]))
+    else
+      seconds=$((seconds + slowest)) untimed=$((untimed + 1))
+    fi
+  done
+  [ "$left" -gt 0 ] || return 0
+  echo "$([ "$untimed" -gt 0 ] && echo "at least ")about $(duration "$seconds") left"
+}
+
 # Ctrl-C reaches the running script too, which ends with a record marked interrupted; the loop then stops.
 INTERRUPTED=0
 trap 'INTERRUPTED=1' INT TERM
 
 echo "run.sh: $total runs into $OUT ($((total - todo)) done before, $todo to run; plan in plan.txt)"
-ran=0 spent=0 failed=0
+ran=0 failed=0
 for i in "${!NAMES[@]}"; do
   [ "$INTERRUPTED" = 0 ] || break
   n=$((i + 1)) name="${NAMES[i]}" s="${RUN_SCRIPT[i]}" mode="${RUN_MODE[i]}" seed="${RUN_SEED[i]}"
@@ -190,7 +209,7 @@ for i in "${!NAMES[@]}"; do
   side="$OUT/logs/$name.record" log="logs/$name.log"
   rm -f "$side"
   echo "[$n/$total] $name: running, log in $log"
-  heartbeat "[$n/$total] $name" "$OUT/$log" $((ran > 0 ? spent / ran : -1)) $((todo - ran - 1)) &
+  heartbeat "[$n/$total] $name" "$OUT/$log" "$(eta_after "$i")" &
   beat=$!
   started=$SECONDS
   "$PYTHON" "$ROOT/leanrl/$s.py" "${args[@]}" ${EXTRA[@]+"${EXTRA[@]}"} --speed-log "$side" >"$OUT/$log" 2>&1
@@ -198,7 +217,7 @@ for i in "${!NAMES[@]}"; do
   took=$((SECONDS - started))
   kill "$beat" 2>/dev/null
   wait "$beat" 2>/dev/null
-  ran=$((ran + 1)) spent=$((spent + took))
+  ran=$((ran + 1)) MODE_SPENT[$mode]=$((${MODE_SPENT[$mode]:-0} + took)) MODE_RAN[$mode]=$((${MODE_RAN[$mode]:-0} + 1))
   result="$("$PYTHON" "$REPORT" append "$OUT" --side "$side" --script "$s" --mode "$mode" --seed "$seed" \
     --log "$log" --exit-code "$code")"
   case $? in
@@ -208,8 +227,7 @@ for i in "${!NAMES[@]}"; do
   esac
   rm -f "$side"
   left=$((todo - ran)) eta=""
-  [ "$left" -gt 0 ] && [ "$INTERRUPTED" = 0 ] &&
-    eta="; $left to run, about $(duration $((spent * left / ran))) left"
+  [ "$left" -gt 0 ] && [ "$INTERRUPTED" = 0 ] && eta="; $left to run, $(eta_after "$i")"
   echo "[$n/$total] $name: ${result:-not recorded}, took $(duration "$took")$eta"
 done
 
