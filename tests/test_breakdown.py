@@ -8,7 +8,7 @@ from helpers import assert_one_line_error, load_script, run_cli
 
 TOOL = "tools/breakdown"
 TINY = ["--total-timesteps", "400", "--learning-starts", "50", "--batch-size", "16", "--buffer-size", "1000"]
-# The loop's own bookkeeping between phases (the for statement, meter.unit) may take this share of the profiled wall.
+# The loop's own bookkeeping between phases (the for statement, run.unit) may take this share of the profiled wall.
 OUTSIDE_TOLERANCE = 0.05
 
 
