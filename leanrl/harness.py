@@ -214,7 +214,7 @@ POSITIVE = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "upda
             "batch_size", "learning_rate", "policy_lr", "q_lr", "policy_frequency", "target_network_frequency",
             "train_frequency", "eval_episodes", "target_kl", "max_grad_norm")  # fmt: skip
 FRACTIONS = ("gamma", "gae_lambda", "tau")
-PROGRESS_SECONDS, CONSOLE_SECONDS = 1.0, 10.0  # between refreshes of the bar and logs of the fps; progress lines
+PROGRESS_SECONDS, CONSOLE_SECONDS = 1.0, 10.0  # the bar's refresh and fps log; a progress line off a terminal
 QUIET_WARNINGS = (r".*The environment \S+-v4 is out of date", r"Using lock_\(\) inside a compiled graph")
 
 
@@ -229,8 +229,7 @@ def checkpoint_file(path, script):
 
 
 def parse_args(script, argv):
-    """(args, checkpoint): argv over the arguments saved in the checkpoint of --resume or --eval-checkpoint,
-    every numeric flag range-checked, then the script's own check_args."""
+    """(args, checkpoint): argv over the arguments of the checkpoint to resume or evaluate, range-checked."""
     args, checkpoint = tyro.cli(Args, args=argv), None
     if args.resume and args.eval_checkpoint:
         fail("--resume and --eval-checkpoint exclude each other")
@@ -261,10 +260,10 @@ def parse_args(script, argv):
 
 
 def check_outputs(args, script):
-    """Before the run: every output writable (missing folders made, a --speed-log kept as it is), no other run's
-    checkpoint overwritten, and a way for MuJoCo to render videos without a display (EGL, else OSMesa)."""
+    """Before the run: every output writable, no other run's checkpoint overwritten, videos without a display."""
+    video = getattr(args, "capture_video", False)
     folders = {"--save-dir": args.save_dir, "--profile-dir": args.profile_dir, "runs": args.tensorboard and "runs",
-               "videos": getattr(args, "capture_video", False) and "videos", "--speed-log": args.speed_log and os.path.dirname(os.path.abspath(args.speed_log))}  # fmt: skip
+               "videos": video and "videos", "--speed-log": args.speed_log and os.path.dirname(os.path.abspath(args.speed_log))}  # fmt: skip
     for option, folder in folders.items():
         try:
             if folder:
@@ -276,7 +275,7 @@ def check_outputs(args, script):
     existing = args.save_dir and checkpoint_file(args.save_dir, script)
     if existing and os.path.exists(existing) and not (args.resume and os.path.samefile(checkpoint_file(args.resume, script), existing)):
         fail(f"--save-dir {args.save_dir} holds another run's checkpoint: --resume it, or pass another --save-dir")
-    if getattr(args, "capture_video", False) and not (os.environ.get("DISPLAY") or os.environ.get("MUJOCO_GL")):
+    if video and not (os.environ.get("DISPLAY") or os.environ.get("MUJOCO_GL")):
         gl = next((gl for gl, lib in (("egl", "EGL"), ("osmesa", "OSMesa")) if find_library(lib)), None)
         if gl:
             os.environ["MUJOCO_GL"] = os.environ["PYOPENGL_PLATFORM"] = gl
@@ -284,67 +283,8 @@ def check_outputs(args, script):
             fail("--capture-video of MuJoCo without a display needs EGL or OSMesa: apt-get install libegl1")
 
 
-class ScalarLog:
-    """Scalars to TensorBoard (runs/<run name>/), which --track mirrors to wandb as CleanRL does; tensors are read
-    back in one sync."""
-
-    def __init__(self, args, run_name):
-        self.writer = self.wandb = None
-        if args.track:  # before the writer: wandb mirrors the writers made after it
-            import wandb
-
-            try:
-                self.wandb = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
-                                        name=run_name, sync_tensorboard=True, settings=wandb.Settings(silent=True))  # fmt: skip
-            except Exception as e:  # no `wandb login`, WANDB_API_KEY or WANDB_MODE=offline; no network
-                fail(f"--track: wandb did not start: {str(e).splitlines()[0]}")
-        if args.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(os.path.join("runs", run_name))
-            table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
-            self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
-
-    def log(self, step, scalars):
-        tensors = [key for key, value in scalars.items() if isinstance(value, torch.Tensor)]
-        if self.writer and tensors:
-            values = torch.stack([scalars[key].detach().float().reshape(()).cpu() for key in tensors]).tolist()
-            scalars = {**scalars, **dict(zip(tensors, values))}
-        for key, value in scalars.items() if self.writer else ():
-            self.writer.add_scalar(key, value, step)
-
-    def close(self):
-        if self.writer:
-            self.writer.close()
-        if self.wandb:
-            self.wandb.finish()
-
-
-class SpeedWindow:
-    """The steady fps window: it opens as the first unit of work at or past `opens_at` env steps begins, after
-    warm-up (compilation, graph capture), and closes after the loop; seconds spent saving are left out."""
-
-    def __init__(self, first_step, opens_at):
-        self.first_step, self.opens_at, self.t_loop, self.t_open, self.paused = first_step, opens_at, time.perf_counter(), None, 0.0
-
-    def opens(self, step):
-        if self.t_open is None and step >= self.opens_at:
-            self.t_open, self.step_open, self.paused_open = time.perf_counter(), step, self.paused
-            return True
-        return False
-
-    def steady(self, step):
-        return self.t_open is not None and step > self.step_open
-
-    def fps(self, step, now):
-        if self.steady(step):
-            return (step - self.step_open) / (now - self.t_open - self.paused + self.paused_open)
-        return (step - self.first_step) / max(now - self.t_loop - self.paused, 1e-9)
-
-
 def state_dict(state):
-    """A checkpoint's copy of what a run goes on with: {name: module, optimizer, object with state_dict(), tensor,
-    or such a dict}."""
+    """A checkpoint's copy of {name: module, optimizer, object with state_dict(), tensor, or such a dict}."""
     if isinstance(state, dict):
         return {name: state_dict(part) for name, part in state.items()}
     return state.detach().cpu().clone() if isinstance(state, torch.Tensor) else state.state_dict()
@@ -383,11 +323,67 @@ def set_rng_states(states):
         torch.cuda.set_rng_state_all(states["cuda"][: torch.cuda.device_count()])
 
 
+class ScalarLog:
+    """Scalars to TensorBoard (runs/<run name>/), which --track mirrors to wandb, as in CleanRL."""
+
+    def __init__(self, args, run_name):
+        self.writer = self.wandb = None
+        if args.track:  # before the writer: wandb mirrors the writers made after it
+            import wandb
+
+            try:
+                self.wandb = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
+                                        name=run_name, sync_tensorboard=True, settings=wandb.Settings(silent=True))  # fmt: skip
+            except Exception as e:  # no `wandb login`, WANDB_API_KEY or WANDB_MODE=offline; no network
+                fail(f"--track: wandb did not start: {str(e).splitlines()[0]}")
+        if args.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(os.path.join("runs", run_name))
+            table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
+            self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
+
+    def log(self, step, scalars):  # tensors read back together, in one sync
+        tensors = [key for key, value in scalars.items() if isinstance(value, torch.Tensor)]
+        if self.writer and tensors:
+            values = torch.stack([scalars[key].detach().float().reshape(()).cpu() for key in tensors]).tolist()
+            scalars = {**scalars, **dict(zip(tensors, values))}
+        for key, value in scalars.items() if self.writer else ():
+            self.writer.add_scalar(key, value, step)
+
+    def close(self):
+        if self.writer:
+            self.writer.close()
+        if self.wandb:
+            self.wandb.finish()
+
+
+class SpeedWindow:
+    """The steady fps window: from the first unit of work at or past `opens_at` env steps (after warm-up:
+    compilation, graph capture) to the end of the loop, less the seconds spent saving."""
+
+    def __init__(self, first_step, opens_at):
+        self.first_step, self.opens_at, self.t_loop, self.t_open, self.paused = first_step, opens_at, time.perf_counter(), None, 0.0
+
+    def opens(self, step):
+        if self.t_open is None and step >= self.opens_at:
+            self.t_open, self.step_open, self.paused_open = time.perf_counter(), step, self.paused
+            return True
+        return False
+
+    def steady(self, step):
+        return self.t_open is not None and step > self.step_open
+
+    def fps(self, step, now):
+        if self.steady(step):
+            return (step - self.step_open) / (now - self.t_open - self.paused + self.paused_open)
+        return (step - self.first_step) / max(now - self.t_loop - self.paused, 1e-9)
+
+
 class Run:
-    """What the training loop tells the harness and gets from it: the device, the video folder, the profiler's
-    phases; start() before the loop (it restores a resumed run); unit() as each unit of work begins (an env step,
-    or a PPO iteration); episode() and tick() after env steps; log(). Checkpoints are written, and Ctrl-C or
-    SIGTERM ends the run, between units of work; finish() writes the speed record."""
+    """What the training loop tells the harness and gets from it (docs/contract.md): start() before the loop,
+    unit() as each unit of work begins, episode() and tick() after env steps, log(); checkpoints are written, and
+    Ctrl-C or SIGTERM ends the run, between units of work; finish() writes the speed record."""
 
     def __init__(self, args, script, checkpoint):
         self.t_start, self.args, self.script, self.checkpoint = time.perf_counter(), args, script, checkpoint
@@ -409,8 +405,7 @@ class Run:
             signal.signal(signum, self.on_signal)
 
     def on_signal(self, signum, frame):
-        """In the loop, the run ends as the next unit of work begins (with --save-dir, after a checkpoint), never in
-        a compilation or a graph capture; a second signal, or one before the loop, ends it at once."""
+        """In the loop: stop as the next unit begins, never inside a compilation or a graph capture."""
         if self.signal is not None or self.state is None:
             raise KeyboardInterrupt
         print("stopping at the end of this step (again: at once)", file=sys.stderr, flush=True)
@@ -432,19 +427,16 @@ class Run:
         self.state, self.steps, self.total_steps, self.profile_steps = state, first_step, total_steps, profile_steps
         self.env_steps_per_call, self.returns, self.next_save = env_steps_per_call, deque(returns, maxlen=20), self.save_due(first_step)
         self.scalars = ScalarLog(self.args, self.run_name)  # now that the env and networks are made: no empty run
-        self.window, self.t_shown = SpeedWindow(first_step, max(warmup_from, first_step) + warmup_steps), 0.0
-        # A bar on a terminal; elsewhere (logs, CI) a line every 10 s.
+        self.window, self.t_shown, self.t_line = SpeedWindow(first_step, max(warmup_from, first_step) + warmup_steps), 0.0, 0.0
         # A bar on a terminal; elsewhere (logs, CI) a line every CONSOLE_SECONDS.
         self.bar = tqdm.tqdm(total=total_steps, initial=first_step, unit="step", unit_scale=True, disable=None)
-        self.t_line = time.perf_counter()
         return first_step
 
     def save_due(self, step):
         return self.args.save_every and (step // self.args.save_every + 1) * self.args.save_every
 
     def unit(self, step):
-        """A unit of work begins after `step` env steps: a checkpoint when due, the end of a stopped run, the fps
-        window's opening, the profiler's start and end."""
+        """A unit of work begins after `step` env steps: checkpoint, stop, fps window, profiler."""
         self.steps = step
         if self.args.save_dir and (self.signal or self.next_save and step >= self.next_save):
             self.save(step)
@@ -466,9 +458,12 @@ class Run:
     def mean_return(self):
         return round(float(np.mean(self.returns)), 2) if self.returns else None
 
+    def add_point(self, step, now):
+        if self.returns and (not self.curve or self.curve[-1][0] < step):
+            self.curve.append([step, round(now - self.t_start, 3), self.mean_return()])
+
     def tick(self, step):
-        """An env step is done, `step` in all. About 50 times a run the mean return joins the curve; every second the
-        bar shows the fps, which is logged, and tick returns True: the loop logs its statistics."""
+        """After an env step, `step` in all: the return curve, and every PROGRESS_SECONDS the progress and True."""
         self.steps, now = step, time.perf_counter()
         if step * 50 // self.total_steps > (self.curve[-1][0] * 50 // self.total_steps if self.curve else 0):
             self.add_point(step, now)
@@ -484,10 +479,6 @@ class Run:
         self.log(step, {"charts/SPS": fps})
         return True
 
-    def add_point(self, step, now):
-        if self.returns and (not self.curve or self.curve[-1][0] < step):
-            self.curve.append([step, round(now - self.t_start, 3), self.mean_return()])
-
     def episode(self, step, episodic_return, length):
         self.returns.append(float(episodic_return))
         self.log(step, {"charts/episodic_return": float(episodic_return), "charts/episodic_length": int(length)})
@@ -496,8 +487,7 @@ class Run:
         self.scalars.log(step, scalars)
 
     def save(self, step):
-        """The checkpoint, atomically: a temporary file in --save-dir, flushed to the disk, then renamed over the
-        last one (a crash at any point leaves one whole checkpoint). Its seconds are left out of the fps window."""
+        """Atomically: a temporary file, flushed to the disk, renamed over the last one. Left out of the fps."""
         t_save, args = time.perf_counter(), self.args
         checkpoint = {"format": CHECKPOINT_FORMAT, "script": self.script, "args": asdict(args), "global_step": step,
                       "returns": list(self.returns), "curve": self.curve, "rng": rng_states(),
@@ -505,23 +495,22 @@ class Run:
         temporary = os.path.join(args.save_dir, f".{self.script}.{os.getpid()}.tmp")
         try:
             with open(temporary, "wb") as f:
-                try:
-                    torch.save(checkpoint, f)
-                    f.flush()
-                    os.fsync(f.fileno())
-                except BaseException:
-                    os.unlink(temporary)
-                    raise
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
             os.replace(temporary, checkpoint_file(args.save_dir, self.script))
-            folder = os.open(args.save_dir, os.O_RDONLY)  # the rename itself on the disk
-            os.fsync(folder)
+            os.fsync(folder := os.open(args.save_dir, os.O_RDONLY))  # the rename itself on the disk
             os.close(folder)
-        except OSError as e:
+        except BaseException as e:  # a full disk, or a second Ctrl-C: no temporary file left behind
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+            if not isinstance(e, OSError):
+                raise
             fail(f"--save-dir {args.save_dir}: the checkpoint of step {step} was not written: {e.strerror or e}")
         self.next_save, self.window.paused = self.save_due(step), self.window.paused + time.perf_counter() - t_save
 
     def evaluation(self, returns):
-        """--eval-checkpoint: the first --eval-episodes of `returns`, each printed, then their record, printed last."""
+        """--eval-checkpoint: the first --eval-episodes of `returns`, each printed, then their record."""
         done = []
         for episodic_return in returns:
             done.append(round(float(episodic_return), 2))
@@ -535,8 +524,7 @@ class Run:
         return record
 
     def finish(self, interrupted):
-        """The speed record: printed as the last stdout line, appended to --speed-log, and returned. After Ctrl-C it
-        covers the steps done; a run that never reached its fps window is measured over its whole loop."""
+        """The speed record: the last stdout line, appended to --speed-log. Without a window: the whole loop's."""
         for signum in (signal.SIGINT, signal.SIGTERM):  # nothing cuts the record short
             signal.signal(signum, signal.SIG_IGN)
         if self.device.type == "cuda":
@@ -551,14 +539,14 @@ class Run:
             self.scalars.close()
         if interrupted:
             print(f"interrupted after {self.steps} env steps", file=sys.stderr, flush=True)
-        steady = window.steady(self.steps)
+        steady, args, cuda = window.steady(self.steps), self.args, self.device.type == "cuda"
         record = {
-            "script": self.script, "env_id": self.args.env_id, "seed": self.args.seed,
-            "compile": getattr(self.args, "compile", False), "cudagraphs": getattr(self.args, "cudagraphs", False),
-            "device": self.device.type, "gpu": torch.cuda.get_device_name() if self.device.type == "cuda" else None,
-            "cpu_count": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-            "total_timesteps": self.steps, "fps": round(window.fps(self.steps, t_end), 1), "steady": steady,
-            "interrupted": interrupted, "fps_overall": round((self.steps - window.first_step) / (t_end - self.t_start), 1),
+            "script": self.script, "env_id": args.env_id, "seed": args.seed, "compile": getattr(args, "compile", False),
+            "cudagraphs": getattr(args, "cudagraphs", False), "device": self.device.type,
+            "gpu": torch.cuda.get_device_name() if cuda else None, "cpu_count": os.cpu_count(),
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "total_timesteps": self.steps,
+            "fps": round(window.fps(self.steps, t_end), 1), "steady": steady, "interrupted": interrupted,
+            "fps_overall": round((self.steps - window.first_step) / (t_end - self.t_start), 1),
             "resumed_from": window.first_step if self.checkpoint is not None else None,
             "checkpoint_seconds": round(window.paused, 3),
             "warmup_seconds": round((window.t_open if steady else window.t_loop) - self.t_start, 3),
@@ -566,8 +554,8 @@ class Run:
             "return_curve": self.bar and self.curve or [],
         }  # fmt: skip
         line = json.dumps(record)
-        if self.args.speed_log:
-            with open(self.args.speed_log, "a") as f:  # one write of a whole line: concurrent runs never interleave
+        if args.speed_log:
+            with open(args.speed_log, "a") as f:  # one write of a whole line: concurrent runs never interleave
                 f.write(line + "\n")
         print(line, flush=True)
         return record
