@@ -395,7 +395,8 @@ class Run:
         for message in QUIET_WARNINGS:
             warnings.filterwarnings("ignore", message)
         torch.backends.cudnn.deterministic = args.torch_deterministic
-        torch.set_num_threads(args.torch_threads or os.cpu_count())
+        if args.torch_threads:  # 0: torch's own default
+            torch.set_num_threads(args.torch_threads)
         if not args.eval_checkpoint:
             check_outputs(args, script)
         self.video_folder = os.path.join("videos", self.run_name) if getattr(args, "capture_video", False) else None
