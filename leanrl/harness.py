@@ -190,6 +190,24 @@ def check_ranks_agree(network, global_step, rank_fps):
     leave_process_group()
 
 
+def resumed_apart(args, rank, global_step):
+    """After a resume every rank holds rank 0's generators: the other ranks reseed theirs apart again (from --seed,
+    the rank and the step), so that their sampling does not repeat rank 0's."""
+    if rank:
+        for seed in (random.seed, np.random.seed, torch.manual_seed):
+            seed(args.seed + rank + global_step)
+
+
+def join_ranks(run, network, args, global_step):
+    """After run.start under torchrun: rank 0's parameters on every rank, the other ranks' generators apart, and a
+    signal that only asks the ranks to stop together (agree_to_stop): torchrun passes a terminal's Ctrl-C on to
+    ranks that got it already, and a rank that stopped at once would leave the others in an all-reduce."""
+    broadcast_parameters(network)
+    resumed_apart(args, dist.get_rank(), global_step)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda signum, frame: setattr(run, "signal", signum))
+
+
 def agree_to_stop(run, device):
     """Ctrl-C or SIGTERM reaches each rank at its own moment: at the end of every iteration the ranks agree, and all
     stop together as the next begins (rank 0 writes the checkpoint). Stopping at once would leave the others in
