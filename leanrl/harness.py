@@ -217,7 +217,7 @@ def agree_to_stop(run, device):
 
 
 # ======== harness: the same in every script, stamped from leanrl/harness.py (docs/contract.md) ========
-import json, math, random, signal, sys, tempfile, time, warnings  # noqa: E401, E402
+import json, logging, math, random, signal, sys, tempfile, time, warnings  # noqa: E401, E402
 from collections import deque  # noqa: E402
 from contextlib import nullcontext  # noqa: E402
 from ctypes.util import find_library  # noqa: E402
@@ -233,7 +233,8 @@ POSITIVE = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "upda
             "train_frequency", "eval_episodes", "target_kl", "max_grad_norm")  # fmt: skip
 FRACTIONS = ("gamma", "gae_lambda", "tau")
 PROGRESS_SECONDS, CONSOLE_SECONDS = 1.0, 10.0  # the bar's refresh and fps log; a progress line off a terminal
-QUIET_WARNINGS = (r".*The environment \S+-v4 is out of date", r"Using lock_\(\) inside a compiled graph")
+QUIET_WARNINGS = (r".*The environment \S+-v4 is out of date", r"Using lock_\(\) inside a compiled graph",
+                  r"TensorFloat32 tensor cores")  # fmt: skip
 
 
 def fail(message):
@@ -317,10 +318,15 @@ def load_state(state, saved, name="state"):
             raise ValueError(f"shape {tuple(saved.shape)}, here {tuple(state.shape)}")
         if isinstance(state, torch.Tensor):
             return state.detach().copy_(saved)
-        if isinstance(state, torch.optim.Optimizer):  # capturable (--cudagraphs) is this run's, the rest saved
-            groups = zip(saved["param_groups"], state.param_groups)
-            saved = {**saved, "param_groups": [{**g, "capturable": now.get("capturable", False)} for g, now in groups]}
-        state.load_state_dict(saved)
+        if not isinstance(state, torch.optim.Optimizer):
+            return state.load_state_dict(saved)
+        # capturable (--cudagraphs) is this run's; a tensor in a group (a learning rate on the device) stays the one
+        # that graphs hold, with the saved value.
+        kept = [{key: value for key, value in now.items() if isinstance(value, torch.Tensor)} for now in state.param_groups]
+        groups = zip(saved["param_groups"], state.param_groups)
+        state.load_state_dict({**saved, "param_groups": [{**g, "capturable": now.get("capturable", False)} for g, now in groups]})
+        for group, tensors in zip(state.param_groups, kept):
+            group.update({key: tensor.copy_(torch.as_tensor(group[key])) for key, tensor in tensors.items()})
     except (RuntimeError, ValueError, KeyError) as e:  # another network or env size than the checkpoint's
         fail(f"--resume: the checkpoint's {name} does not fit this run: {str(e).splitlines()[0]}")
 
@@ -412,6 +418,9 @@ class Run:
             args.cudagraphs = False
         for message in QUIET_WARNINGS:
             warnings.filterwarnings("ignore", message)
+        logging.getLogger("tensordict").setLevel(logging.WARNING)  # its INFO lines on each graph capture
+        # torch.compile's note that it skips the profiler scopes inside optimizer steps: they are still timed.
+        logging.getLogger("torch._dynamo.variables.ctx_manager").setLevel(logging.ERROR)
         torch.backends.cudnn.deterministic = args.torch_deterministic
         if args.torch_threads:  # 0: torch's own default
             torch.set_num_threads(args.torch_threads)
@@ -424,11 +433,16 @@ class Run:
             signal.signal(signum, self.on_signal)
 
     def on_signal(self, signum, frame):
-        """In the loop: stop as the next unit begins, never inside a compilation or a graph capture."""
-        if self.signal is not None or self.state is None:
-            raise KeyboardInterrupt
-        print("stopping at the end of this step (again: at once)", file=sys.stderr, flush=True)
-        self.signal = signum
+        """In the loop: stop as the next unit begins, never inside a compilation or a graph capture. The same stop
+        can come twice at once (`timeout` signals its command, then the command's process group): a second signal
+        within a second is that one; a later one, or one before the loop, stops at once."""
+        first, now = self.signal is None, time.monotonic()
+        if not first and now - self.t_signal < 1.0:
+            return
+        self.signal, self.t_signal = signum, now
+        if first and self.state is not None:
+            return print("stopping at the end of this step (again: at once)", file=sys.stderr, flush=True)
+        raise KeyboardInterrupt
 
     def start(self, state, *, total_steps, warmup_steps, profile_steps, env_steps_per_call, warmup_from=0):
         """The loop's plan in env steps: total_steps; the fps window opens warmup_steps past warmup_from (SAC:

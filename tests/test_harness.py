@@ -237,3 +237,29 @@ def test_progress_lines_where_stderr_is_not_a_terminal(capsys, monkeypatch):
     assert [int(m.group(1)) for m in lines] == list(range(4, 84, 4)), err[-500:]
     assert [bool(m.group(2)) for m in lines] == [step <= 32 for step in range(4, 84, 4)]
     assert record["steady"] is True
+
+
+def test_timeout_signals_twice_and_it_is_one_stop(workdir):
+    """`timeout -s INT` signals its command, then the command's process group: the same stop, twice at once. Started
+    in the background of a shell, as issue 28's GPU runs were: a checkpoint, the record, exit 130, no traceback."""
+    command = (f"timeout -s INT 10 {sys.executable} {SCRIPTS / 'harness.py'} --step-seconds 0.01 --total-timesteps "
+               "100000 --save-dir run --no-tensorboard > out.txt 2> err.txt & wait $!")  # fmt: skip
+    assert subprocess.run(["bash", "-c", command], cwd=workdir, timeout=120).returncode == 124  # timeout's "timed out"
+    out, err = (workdir / "out.txt").read_text(), (workdir / "err.txt").read_text()
+    record = json.loads(out.strip().splitlines()[-1])
+    assert record["interrupted"] is True and "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert checkpoint_of(workdir / "run")["global_step"] == record["total_timesteps"] > 0
+
+
+def test_one_stop_delivered_twice_is_one_stop(monkeypatch, capsys):
+    """In the loop, a second signal within a second of the first (the same stop, delivered twice) leaves the run to
+    stop at the end of its unit of work; a later one stops it at once, as a second Ctrl-C should."""
+    run = load_script(NAME).Run.__new__(load_script(NAME).Run)
+    run.signal, run.state = None, {}
+    clock = iter([100.0, 100.2, 101.5])
+    monkeypatch.setattr(load_script(NAME).time, "monotonic", lambda: next(clock))
+    run.on_signal(signal.SIGINT, None)
+    run.on_signal(signal.SIGINT, None)
+    assert run.signal == signal.SIGINT and "stopping at the end of this step" in capsys.readouterr().err
+    with pytest.raises(KeyboardInterrupt):
+        run.on_signal(signal.SIGINT, None)
