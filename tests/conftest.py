@@ -2,6 +2,7 @@
 explicitly; pytest's default (prepend) import mode puts tests/ on sys.path for them."""
 
 import logging
+import signal
 
 import pytest
 import torch
@@ -19,14 +20,19 @@ def eager_random():
 def workdir(tmp_path, monkeypatch):
     """For tests that run a script's main() in this process: the working directory is tmp_path, so that the
     TensorBoard folder (runs/ in the working directory) lands there, and what main() sets for the whole process
-    (torch's thread count, cuDNN's benchmark mode, the level of dynamo's context-manager logger) is put back
-    afterwards."""
+    (torch's thread count, cuDNN's modes, the levels of the loggers it quiets, the SIGINT and SIGTERM handlers) is
+    put back afterwards."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", torch.backends.cudnn.benchmark)
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", torch.backends.cudnn.deterministic)
     threads = torch.get_num_threads()
-    logger = logging.getLogger("torch._dynamo.variables.ctx_manager")
-    level = logger.level
+    loggers = [logging.getLogger(name) for name in ("torch._dynamo.variables.ctx_manager", "tensordict")]
+    levels = [logger.level for logger in loggers]
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     yield tmp_path
     torch.set_num_threads(threads)
-    logger.setLevel(level)
+    for logger, level in zip(loggers, levels):
+        logger.setLevel(level)
+    for signum, handler in handlers.items():
+        signal.signal(signum, handler)
 

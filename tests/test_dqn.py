@@ -1,6 +1,10 @@
 """DQN: both scripts through their update path (the twin in every mode), the TensorBoard scalars and the profile,
 twin-vs-baseline equivalence of the update, the target update and the greedy policy, the twin acting as the
-baseline does before learning starts, the epsilon schedule, a learning test on CartPole, Ctrl-C and bad input."""
+baseline does before learning starts, the epsilon schedule, a learning test on CartPole, a training video, Ctrl-C
+and bad input."""
+
+import signal
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -32,19 +36,34 @@ TINY_STEPS, TINY_LEARNING_STARTS = 2400, 200
 TINY = ["--total-timesteps", str(TINY_STEPS), "--learning-starts", str(TINY_LEARNING_STARTS), "--train-frequency",
         "1", "--target-network-frequency", "50", "--batch-size", "32", "--buffer-size", "1000"]  # fmt: skip
 N_OBS, N_ACT, CPU = 4, 3, torch.device("cpu")
+# Bad input: (argv, the flags or names the one error line must name).
 BAD_INPUT = [
     (["--env-id", "NoSuchEnv-v0"], ["NoSuchEnv-v0"]),
-    (["--env-id", "Pendulum-v1"], ["Pendulum-v1", "Box action space", "discrete"]),
-    (["--batch-size", "0"], ["--batch-size 0 must be positive"]),
-    (["--buffer-size", "0"], ["--buffer-size 0 must be positive"]),
-    (["--train-frequency", "0"], ["--train-frequency 0 must be positive"]),
-    (["--target-network-frequency", "-1"], ["--target-network-frequency -1 must be positive"]),
-    (["--num-envs", "4"], ["--num-envs 4", "one env"]),
-    (["--exploration-fraction", "0"], ["--exploration-fraction 0.0 must be in (0, 1]"]),
-    (["--end-e", "1.5"], ["--end-e 1.5 must be in [0, 1]"]),
-    (["--tau", "-0.1"], ["--tau -0.1 must be in [0, 1]"]),
-    (["--total-timesteps", "1000"], ["--learning-starts 10000 (the default)", "--total-timesteps 1000)"]),
+    (["--env-id", "Pendulum-v1"], ["Pendulum-v1", "discrete"]),
+    (["--batch-size", "0"], ["--batch-size"]),
+    (["--buffer-size", "0"], ["--buffer-size"]),
+    (["--buffer-size", "10", "--batch-size", "256"], ["--buffer-size", "--batch-size"]),
+    (["--train-frequency", "0"], ["--train-frequency"]),
+    (["--target-network-frequency", "-1"], ["--target-network-frequency"]),
+    (["--learning-rate", "-0.1"], ["--learning-rate"]),
+    (["--num-envs", "4"], ["--num-envs"]),
+    (["--exploration-fraction", "0"], ["--exploration-fraction"]),
+    (["--exploration-fraction", "1.5"], ["--exploration-fraction"]),
+    (["--start-e", "-0.1"], ["--start-e"]),
+    (["--end-e", "1.5"], ["--end-e"]),
+    (["--tau", "-0.1"], ["--tau"]),
+    (["--gamma", "2"], ["--gamma"]),
+    (["--total-timesteps", "1000"], ["--learning-starts", "--total-timesteps"]),
 ]
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers():
+    """A run leaves SIGINT and SIGTERM ignored (nothing cuts its record short): put this process's back."""
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for signum, handler in handlers.items():
+        signal.signal(signum, handler)
 
 
 def test_baseline_update_path(tmp_path, monkeypatch, capsys):
@@ -108,7 +127,7 @@ def test_epsilon_schedule(t, epsilon):
 @SCRIPTS
 def test_loop_follows_the_schedule(name, monkeypatch, capsys):
     """The loop asks the schedule for every step's epsilon, over exploration-fraction x total-timesteps; the twin
-    also for the step after the last, as its last training step acts for it (the checkpoint keeps that action)."""
+    also for the step after the last, as each training step draws for the step after it."""
     module = load_script(name)
     schedule, calls = module.linear_schedule, []
 
@@ -159,8 +178,9 @@ def make_pair(compile, cudagraphs, device, **kwargs):
         return call
 
     act_f, act_on_device_f = fast.make_act(recorded("policy", policy_f), N_OBS, device)
-    train_f, stats_f = fast.make_train_step(
-        rb, recorded("update", update_f), update_target_f, act_f, act_on_device_f, args_f
+    stats_f = {name: torch.zeros((), device=device) for name in fast.STATS}
+    train_f = fast.make_train_step(
+        rb, stats_f, recorded("update", update_f), update_target_f, act_f, act_on_device_f, args_f
     )
     return agent_b, base.make_update_fns(agent_b, args_b), agent_f, rb, train_f, stats_f, policy_f, act_f, calls
 
@@ -288,6 +308,17 @@ def check_learns(name, capsys):
 
 
 @SCRIPTS
+def test_training_video(name, capsys):
+    """--capture-video while training on CartPole (pygame renders it, no display needed): the first episode, as
+    CleanRL's schedule records it, is an MP4 file."""
+    run_main(name, ["--total-timesteps", "300", "--learning-starts", "100", "--no-tensorboard", "--capture-video"],
+             capsys)  # fmt: skip
+    (folder,) = Path("videos").iterdir()
+    video = (folder / "rl-video-episode-0.mp4").read_bytes()
+    assert len(video) > 1000 and video[4:8] == b"ftyp"
+
+
+@SCRIPTS
 def test_ctrl_c_ends_with_the_record(name, capsys, monkeypatch):
     run_interrupted(name, TINY + ["--no-tensorboard"], 40, capsys, monkeypatch)
 
@@ -295,5 +326,5 @@ def test_ctrl_c_ends_with_the_record(name, capsys, monkeypatch):
 @SCRIPTS
 @pytest.mark.parametrize("argv, fragments", BAD_INPUT, ids=[" ".join(argv) for argv, _ in BAD_INPUT])
 def test_bad_input(name, argv, fragments, capsys):
-    """One error line and exit code 2, before any training."""
+    """One error line naming the flag, and exit code 2, before any training."""
     assert_one_line_error(run_bad_input(name, argv, capsys), *fragments)

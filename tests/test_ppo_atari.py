@@ -1,6 +1,6 @@
 """PPO Atari: both scripts through full iterations in every mode, the same first rollout in both, policy, GAE
 and update equivalence of the compiled variant with the baseline, whole-game episode returns, updates that
-improve a fixed batch, TensorBoard scalars, Ctrl-C, bad input."""
+improve a fixed batch, TensorBoard scalars, resume and evaluation of a checkpoint, Ctrl-C, bad input."""
 
 import json
 from types import SimpleNamespace
@@ -97,6 +97,7 @@ def test_early_stop_fixed_lr_profile_and_speed_log(name, tmp_path, capsys, monke
     # One env_step call steps both envs: the breakdown tool counts env steps as the record does.
     assert_trace_phases(tmp_path, name, env_steps_per_call=NUM_ENVS)
     scalars = tensorboard_scalars(name, "Breakout-v5")
+    assert {"charts/SPS", "charts/learning_rate"} <= set(scalars)
     iteration_ends = [32, 64, 96, 128]
     assert scalars["charts/learning_rate"] == [(step, pytest.approx(0.01)) for step in iteration_ends]
     for stat in (*load_script(name).STATS, "explained_variance"):
@@ -273,20 +274,77 @@ def test_ctrl_c_ends_with_the_record(name, capsys, monkeypatch):
     run_interrupted(name, TINY + ["--no-tensorboard"], 20, capsys, monkeypatch)
 
 
+def resume(name, argv, capsys, monkeypatch):
+    """A run of 2 iterations saved in ck/, then resumed to 4 (with argv): the record, what the loop saw, and the
+    network the first resumed GAE call used, against the one saved at 64 steps."""
+    run_main(name, TINY + ["--total-timesteps", "64", "--save-dir", "ck"] + argv, capsys)
+    saved = torch.load(f"ck/{name}.pt", weights_only=True)["state"]
+    script, used = load_script(name), []
+    make = script.make_update_fns
+
+    def make_update_fns(agent, args):
+        gae, *others = make(agent, args)
+
+        def first_gae(*inputs):
+            if not used:
+                used.append({key: tensor.clone() for key, tensor in agent.network.state_dict().items()})
+            return gae(*inputs)
+
+        return first_gae, *others
+
+    monkeypatch.setattr(script, "make_update_fns", make_update_fns)
+    record, seen = record_run(name, TINY + ["--resume", "ck"] + argv, capsys, monkeypatch)
+    return record, seen, saved, used[0]
+
+
+@pytest.mark.parametrize("name", [BASE, FAST])
+def test_resume_goes_on_from_the_checkpoint(name, capsys, monkeypatch):
+    """--resume restores the network and the optimizer (Adam's step count goes on from the saved one) before the
+    first update and runs the iterations left; --eval-checkpoint plays the saved policy for whole games."""
+    record, seen, saved, first = resume(name, [], capsys, monkeypatch)
+    assert record["resumed_from"] == 64 and record["total_timesteps"] == 128
+    assert len(seen.updates) == 2 * 2  # two iterations left, of 2 minibatches
+    # The first iteration after the resume starts from the saved network.
+    assert first.keys() == saved["network"].keys()
+    for key, tensor in saved["network"].items():
+        torch.testing.assert_close(first[key], tensor, rtol=0, atol=0, msg=key)
+    steps = [float(s["step"]) for s in seen.agents[0].optimizer.state_dict()["state"].values()]
+    assert steps and all(step == 8 for step in steps), steps  # 4 saved steps + 4 resumed ones
+    evaluation = load_script(name).main(["--eval-checkpoint", "ck", "--eval-episodes", "1"])
+    assert evaluation["episodes"] == 1 and evaluation["returns"][0] >= 0
+
+
+@requires_cuda
+def test_resumed_learning_rate_stays_on_the_device(capsys, monkeypatch):
+    """A resumed twin's Adam reads its learning rate from a device tensor that annealing fills, so that captured
+    updates read the current value; the checkpoint loads it as a CPU tensor."""
+    _, seen, _, _ = resume(FAST, ["--cudagraphs", "--no-tensorboard"], capsys, monkeypatch)
+    lr = seen.agents[0].optimizer.param_groups[0]["lr"]
+    assert lr.device.type == "cuda" and float(lr) == pytest.approx(2.5e-4 / 4)
+
+
+def test_no_video_flag():
+    """envpool renders no frames: --help offers no --capture-video."""
+    for name in (BASE, FAST):
+        assert "capture_video" not in vars(load_script(name).Args())
+
+
 @pytest.mark.parametrize("name", [BASE, FAST])
 @pytest.mark.parametrize(
     "argv, fragments",
     [
         (["--env-id", "NoSuchGame-v5"], ["NoSuchGame-v5"]),
         (["--env-id", "CartPole-v1"], ["CartPole-v1", "Atari"]),
-        # Values the user did not pass are named as defaults.
-        (["--num-minibatches", "3"],
-         ["--num-envs 8 (the default) * --num-steps 128 (the default) = 1024", "evenly", "--num-minibatches 3"]),
-        (["--num-envs", "0"], ["--num-envs 0 must be positive"]),
-        (["--num-steps", "-1"], ["--num-steps -1 must be positive"]),
-        (["--update-epochs", "0"], ["--update-epochs 0 must be positive"]),
+        (["--num-minibatches", "3"], ["--num-envs 8", "--num-steps 128", "--num-minibatches 3"]),
+        (["--num-envs", "1", "--num-steps", "2", "--num-minibatches", "2"], ["--num-minibatches 2", "--norm-adv"]),
+        (["--num-envs", "0"], ["--num-envs 0"]),
+        (["--num-steps", "-1"], ["--num-steps -1"]),
+        (["--update-epochs", "0"], ["--update-epochs 0"]),
+        (["--learning-rate", "-0.1"], ["--learning-rate -0.1"]),
+        (["--gamma", "2"], ["--gamma 2"]),
+        (["--seed", "-1"], ["--seed -1"]),
         (["--target-kl", "0"], ["--target-kl"]),
-        (["--total-timesteps", "100"], ["--total-timesteps 100 ", "below one rollout"]),
+        (["--total-timesteps", "100"], ["--total-timesteps 100", "--num-envs 8", "--num-steps 128"]),
     ],
 )
 def test_bad_input(name, argv, fragments, capsys):
