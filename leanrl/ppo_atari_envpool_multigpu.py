@@ -507,11 +507,12 @@ def resumed_apart(args, rank, global_step):
 
 
 def join_ranks(run, network, args, global_step):
-    """After run.start under torchrun: rank 0's parameters on every rank, the other ranks' generators apart, and a
+    """After run.start under torchrun: rank 0's parameters on every rank, a resumed run's generators apart, and a
     signal that only asks the ranks to stop together (agree_to_stop): torchrun passes a terminal's Ctrl-C on to
     ranks that got it already, and a rank that stopped at once would leave the others in an all-reduce."""
     broadcast_parameters(network)
-    resumed_apart(args, dist.get_rank(), global_step)
+    if global_step:
+        resumed_apart(args, dist.get_rank(), global_step)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda signum, frame: setattr(run, "signal", signum))
 
@@ -521,6 +522,8 @@ def agree_to_stop(run, device):
     stop together as the next begins (rank 0 writes the checkpoint). Stopping at once would leave the others in
     an all-reduce."""
     run.signal = int(agree(run.signal or 0, dist.ReduceOp.MAX, device)) or None
+    if run.signal and dist.get_rank():
+        sys.stderr = open(os.devnull, "w")  # rank 0 tells where the run stopped
 # ======== end of torchrun ========
 
 

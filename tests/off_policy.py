@@ -1,10 +1,12 @@
 """The SAC and TD3 tests, written once: both pairs share their shape (a baseline with CleanRL's loop, a twin with an
 on-device replay buffer, stacked Q networks and one training step per env step), so each check here takes an
-`Algo`, which says what differs, and test_sac.py and test_td3.py call them with theirs."""
+`Algo`, which says what differs, and test_off_policy.py calls them with each pair's."""
 
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Callable
+
+import signal
 
 import gymnasium as gym
 import numpy as np
@@ -17,8 +19,8 @@ from helpers import (
     assert_trace_phases,
     load_script,
     run_bad_input,
-    run_interrupted,
     run_main,
+    run_main_stderr,
     run_mode,
     tensorboard_scalars,
 )
@@ -29,20 +31,23 @@ TINY = ["--total-timesteps", str(TINY_STEPS), "--learning-starts", str(TINY_LEAR
         "--buffer-size", "1000"]  # fmt: skip
 # Bad input that every off-policy script refuses: (argv, fragments the error line must name).
 BAD_INPUT = [
-    (["--env-id", "NoSuchEnv-v0"], ["NoSuchEnv-v0"]),
-    (["--env-id", "CartPole-v1"], ["CartPole-v1", "continuous"]),
-    (["--batch-size", "0"], ["--batch-size 0 must be positive"]),
-    (["--buffer-size", "0"], ["--buffer-size 0 must be positive"]),
-    (["--total-timesteps", "-5"], ["--total-timesteps -5 must be positive"]),
-    (["--learning-starts", "2000", "--total-timesteps", "1000"],
-     ["--learning-starts 2000 ", "--total-timesteps 1000)"]),
-    # Values the user did not pass are named as defaults.
-    (["--total-timesteps", "1000"], ["--learning-starts", "(the default)", "--total-timesteps 1000)"]),
-    (["--learning-starts", "2000000"], ["--learning-starts 2000000 ", "--total-timesteps 1000000 (the default)"]),
-    (["--num-envs", "0"], ["--num-envs 0 must be positive"]),
-    (["--num-envs", "3", "--total-timesteps", "1000"], ["--total-timesteps 1000 must be a multiple of --num-envs 3"]),
-    (["--num-envs", "8", "--buffer-size", "4"], ["--buffer-size 4 is below --num-envs 8"]),
+    (["--env-id", "NoSuchEnv-v0"], ["--env-id NoSuchEnv-v0"]),
+    (["--env-id", "CartPole-v1"], ["--env-id CartPole-v1", "continuous"]),
+    (["--batch-size", "0"], ["--batch-size 0"]),
+    (["--buffer-size", "0"], ["--buffer-size 0"]),
+    (["--buffer-size", "10"], ["--buffer-size 10", "--batch-size 256"]),
+    (["--total-timesteps", "-5"], ["--total-timesteps -5"]),
+    (["--gamma", "2"], ["--gamma 2"]),
+    (["--tau", "-1"], ["--tau -1"]),
+    (["--seed", "-1"], ["--seed -1"]),
+    (["--learning-starts", "2000", "--total-timesteps", "1000"], ["--learning-starts 2000", "--total-timesteps 1000"]),
+    (["--learning-starts", "2000000"], ["--learning-starts 2000000", "--total-timesteps 1000000"]),
+    (["--num-envs", "0"], ["--num-envs 0"]),
+    (["--num-envs", "3", "--total-timesteps", "1000"], ["--total-timesteps 1000", "--num-envs 3"]),
+    (["--num-envs", "8", "--buffer-size", "4", "--batch-size", "4"], ["--buffer-size 4", "--num-envs 8"]),
 ]
+# The statistics of a critic-only update.
+CRITIC_STATS = {"qf1_values", "qf2_values", "qf1_loss", "qf2_loss", "qf_loss"}
 # The envs of the --num-envs tests, on Pendulum-v1: its episodes end by truncation at PENDULUM_STEPS, in every env
 # at the same vector step.
 NUM_ENVS, PENDULUM_STEPS = 4, 200
@@ -77,6 +82,8 @@ class Algo:
     bad_input: list = field(default_factory=list)
     # The agents' actor modules (the first acts), copied and compared as they are.
     actors: tuple = ("actor",)
+    # Scalars logged beside STATS, as losses/<name>.
+    extra_scalars: tuple = ()
     cpu_tol: float = 1e-5
 
 
@@ -107,7 +114,7 @@ def check_logs_and_profile(algo, name, tmp_path, monkeypatch, capsys):
     assert_trace_phases(tmp_path / "profile", name, env_steps_per_call=1)
     scalars = tensorboard_scalars(name)
     first = TINY_LEARNING_STARTS + module.Args.policy_frequency
-    for stat in module.STATS:
+    for stat in module.STATS + algo.extra_scalars:
         steps, values = zip(*scalars[f"losses/{stat}"])
         assert list(steps) == list(range(first, TINY_STEPS)), stat
         assert np.isfinite(values).all(), stat
@@ -161,8 +168,8 @@ def trained_state(algo, agent_b, agent_f):
 def stage_transition(rb, rng):
     """Stage one random transition in a twin's replay buffer, as its loop does after an env step."""
     n_obs, n_act = rb.fields[0].shape[1], rb.fields[1].shape[1]
-    obs, next_obs, action = rng.standard_normal(n_obs), rng.standard_normal(n_obs), rng.uniform(-1, 1, n_act)
-    rb.stage(obs, next_obs, action, rng.standard_normal(), float(rng.random() < 0.2))
+    obs, next_obs, action = rng.standard_normal((1, n_obs)), rng.standard_normal((1, n_obs)), rng.uniform(-1, 1, (1, n_act))
+    rb.stage(obs, next_obs, action, rng.standard_normal(1), (rng.random(1) < 0.2).astype(float))
 
 
 def twin_training_steps(train, rb, steps, *flags):
@@ -207,7 +214,7 @@ def check_equivalence(algo, compile, cudagraphs, device, steps=8, **kwargs):
     latest = {}  # the latest value of each statistic: a step without an actor update leaves the actor's as it was
     for i, actor_update, batch in twin_training_steps(pair.train_f, pair.rb, steps, *algo.train_flags):
         stats_b = algo.baseline_step(pair.fns_b, batch, actor_update)
-        assert set(stats_b) == (set(stats_names) if actor_update else {"qf_loss", "qf1_values", "qf2_values"})
+        assert set(stats_b) == (set(stats_names) if actor_update else CRITIC_STATS)
         latest.update(stats_b)
         # The first update starts from identical parameters; later ones carry the drift Adam amplifies.
         loss_tol = tol if i == 0 else 1e-2
@@ -245,7 +252,7 @@ def assert_acts_as_expected(expected, policy, act, obs, tol):
         assert not action.requires_grad, "the policy acts without autograd"
         np.testing.assert_allclose(action.cpu().numpy(), want, atol=tol, rtol=tol, err_msg="policy")
         torch.manual_seed(seed)
-        np.testing.assert_allclose(act(one[0].cpu().numpy())[None], want, atol=tol, rtol=tol, err_msg="act")
+        np.testing.assert_allclose(act(one.cpu().numpy()), want, atol=tol, rtol=tol, err_msg="act")
 
 
 def check_acts_with_current_actor(algo, monkeypatch, capsys):
@@ -254,7 +261,7 @@ def check_acts_with_current_actor(algo, monkeypatch, capsys):
     previous env step, no actor update comes after that call, and some calls do come before a critic update (the
     acting ahead happens)."""
     module = load_script(algo.fast)
-    make_update_fns, make_single_env = module.make_update_fns, module.make_single_env
+    make_update_fns, env_step = module.make_update_fns, module.OneEnv.step
     events = []
 
     def logged(fn):
@@ -265,19 +272,12 @@ def check_acts_with_current_actor(algo, monkeypatch, capsys):
 
         return call
 
-    def logged_env(*args):
-        env = make_single_env(*args)
-        step = env.step
-
-        def logged_step(action):
-            events.append(("env_step", action))
-            return step(action)
-
-        env.step = logged_step
-        return env
+    def logged_step(self, actions):
+        events.append(("env_step", actions))
+        return env_step(self, actions)
 
     monkeypatch.setattr(module, "make_update_fns", lambda *args: tuple(map(logged, make_update_fns(*args))))
-    monkeypatch.setattr(module, "make_single_env", logged_env)
+    monkeypatch.setattr(module.OneEnv, "step", logged_step)
     run_main(algo.fast, TINY, capsys)
 
     segment, env_steps, acted_ahead = [], 0, 0
@@ -293,7 +293,7 @@ def check_acts_with_current_actor(algo, monkeypatch, capsys):
             chosen = calls.index("policy")
             assert not any(c.startswith("update_actor") for c in calls[chosen:]), f"step {env_steps}: {calls}"
             acted_ahead += "update_critic" in calls[chosen:]
-            assert torch.equal(torch.as_tensor(value), segment[chosen][1][0].cpu()), f"step {env_steps}: stale action"
+            assert torch.equal(torch.as_tensor(value), segment[chosen][1].cpu()), f"step {env_steps}: stale action"
         segment, env_steps = [], env_steps + 1
     assert env_steps == TINY_STEPS
     assert acted_ahead > 0
@@ -318,10 +318,10 @@ def check_buffer_samples_stored_rows(algo):
     rb = module.ReplayBuffer(10, 256, 1, 3, 2, torch.device("cpu"))
     stored = []
     for i in range(13):
-        obs, next_obs, action = np.full(3, i), np.full(3, 100 + i), np.full(2, 200 + i)
-        rb.stage(obs, next_obs, action, 300.0 + i, float(i % 2))
+        obs, next_obs, action = np.full((1, 3), i), np.full((1, 3), 100 + i), np.full((1, 2), 200 + i)
+        rb.stage(obs, next_obs, action, np.array([300.0 + i]), np.array([i % 2]))
         rb.push()
-        stored.append(np.concatenate([obs, action, [300 + i], next_obs, [i % 2]]))
+        stored.append(np.concatenate([obs[0], action[0], [300 + i], next_obs[0], [i % 2]]))
     torch.manual_seed(0)
     rb.sample()
     rows = rb.batch.numpy()
@@ -384,10 +384,29 @@ def check_stores_the_baseline_transitions(algo, monkeypatch, capsys):
 
 
 def check_interrupted(name, capsys, monkeypatch):
-    """Ctrl-C in the middle of the random steps: the record covers the 40 steps done and says it was cut short.
-    --torch-threads takes effect (run_main checks the record's count; a run without updates, so that two threads
-    on a busy machine cost nothing)."""
-    run_interrupted(name, TINY + ["--no-tensorboard", "--torch-threads", "2"], 40, capsys, monkeypatch)
+    """Ctrl-C in the middle of the random steps: the record covers the 40 steps done and says it was cut short, and
+    the signals stay ignored until the record is out. --torch-threads takes effect (run_main checks the record's
+    count; a run without updates, so that two threads on a busy machine cost nothing). This process's handlers,
+    which the script leaves ignoring, are put back."""
+    run, at_step = load_script(name).Run, 40
+    tick = run.tick
+
+    def interrupting_tick(self, step):
+        shown = tick(self, step)
+        if step >= at_step:
+            raise KeyboardInterrupt
+        return shown
+
+    monkeypatch.setattr(run, "tick", interrupting_tick)
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        record, err = run_main_stderr(name, TINY + ["--no-tensorboard", "--torch-threads", "2"], capsys, True)
+        assert signal.getsignal(signal.SIGINT) is signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    assert record["total_timesteps"] == at_step and record["steady"] is False
+    assert f"interrupted after {at_step} env steps" in err
 
 
 def check_num_envs_update_path(algo, name, mode, monkeypatch, capsys):
@@ -452,26 +471,23 @@ def check_truncation_transitions(name, monkeypatch, capsys):
 
 
 def check_num_envs_resume(name, tmp_path, capsys):
-    """--num-envs 4, stopped after the truncation that ends every env's first episode and resumed: the run ends
-    with the checkpoint of an uninterrupted one, every tensor of every env's state and of the replay buffer bit
-    for bit."""
+    """--num-envs 4, stopped after the truncation that ends every env's first episode and resumed from its
+    checkpoint folder: the run goes on from the saved step and writes into that folder, its replay buffer holds the
+    saved transitions and then the new ones, and its networks and optimizers are the saved ones trained further."""
     argv = PENDULUM + ["--learning-starts", "200", "--batch-size", "32", "--buffer-size", "2000", "--no-tensorboard"]
-    whole, parts = tmp_path / "whole", tmp_path / "parts"
-    run_main(name, argv + ["--total-timesteps", "1000", "--save-dir", str(whole)], capsys)
-    run_main(name, argv + ["--total-timesteps", "808", "--save-dir", str(parts)], capsys)
-    record = run_main(name, argv + ["--total-timesteps", "1000", "--resume", str(parts)], capsys)
+    run_main(name, argv + ["--total-timesteps", "808", "--save-dir", str(tmp_path)], capsys)
+    saved = torch.load(tmp_path / f"{name}.pt", map_location="cpu", weights_only=True)
+    record = run_main(name, argv + ["--total-timesteps", "1000", "--resume", str(tmp_path)], capsys)
     assert record["resumed_from"] == 808 and record["total_timesteps"] == 1000
-    whole, parts = (torch.load(path / f"{name}.pt", map_location="cpu", weights_only=True) for path in (whole, parts))
-    assert len(whole["state"]["envs"]["envs"]) == NUM_ENVS and whole["meter"]["returns"] == parts["meter"]["returns"]
-    assert leaves(parts["state"]) == leaves(whole["state"])
-
-
-def leaves(value, where=""):
-    """A checkpoint part's values by their place in it; a tensor as its type, shape and bytes."""
-    if isinstance(value, dict):
-        return {place: leaf for key, item in value.items() for place, leaf in leaves(item, f"{where}.{key}").items()}
-    if isinstance(value, (list, tuple)):
-        return {place: leaf for i, item in enumerate(value) for place, leaf in leaves(item, f"{where}[{i}]").items()}
-    if isinstance(value, torch.Tensor):
-        return {where: (value.dtype, value.shape, value.numpy().tobytes())}
-    return {where: value}
+    resumed = torch.load(tmp_path / f"{name}.pt", map_location="cpu", weights_only=True)
+    assert resumed["global_step"] == 1000 and resumed["returns"][: len(saved["returns"])] == saved["returns"]
+    buffer = resumed["state"]["rb"]
+    assert int(buffer["size"]) == 1000
+    for part, rows in saved["state"]["rb"].items():
+        if part not in ("ptr", "size"):
+            assert len(rows) == 808 and torch.equal(buffer[part][:808], rows), f"{part}: the saved rows are not kept"
+    # Each optimizer went on from its saved step count: 808 env steps, 4 per vector step, then 48 more.
+    for optimizer in ("q_optimizer", "actor_optimizer"):
+        steps = [float(s["step"]) for s in resumed["state"][optimizer]["state"].values()]
+        saved_steps = [float(s["step"]) for s in saved["state"][optimizer]["state"].values()]
+        assert all(a > b > 0 for a, b in zip(steps, saved_steps, strict=True)), optimizer

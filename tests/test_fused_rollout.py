@@ -192,6 +192,19 @@ def test_trains_end_to_end(tmp_path, monkeypatch):
     assert record["total_timesteps"] == 5 * 8 * 16 and record["steady"] and record["episodic_return"] > 0
 
 
+def test_resume_goes_on_with_the_kernel_seed(tmp_path, monkeypatch):
+    """The checkpoint keeps the seed of the kernel's next launch, and a resumed run counts on from it (one launch an
+    iteration): its random stream goes on instead of repeating the first run's, whose first seed a fresh draw
+    from --seed would give again."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    saved, seeds = tmp_path / "saved", []
+    for extra in (["--save-dir", saved], ["--resume", saved, "--total-timesteps", str(10 * 8 * 16)]):
+        proc = run_cli(FAST, *TINY, "--fused-rollout", *extra)
+        assert proc.returncode == 0, proc.stderr
+        seeds.append(int(torch.load(saved / f"{FAST}.pt", weights_only=True)["state"]["fused_seed"]))
+    assert seeds[1] == seeds[0] + 5
+
+
 def test_without_triton(monkeypatch, capsys):
     monkeypatch.setattr(load_script(FAST), "triton", None)
     assert_one_line_error(run_bad_input(FAST, ["--fused-rollout"], capsys), "--fused-rollout needs Triton")

@@ -98,6 +98,36 @@ def test_resumed_ranks_draw_apart(name):
 
 
 @pytest.mark.parametrize("name", [BASE, FAST])
+def test_atari_ranks_go_on_from_a_checkpoint(name, tmp_path):
+    """Two ranks of the Atari pair resumed from rank 0's checkpoint train on to the new total, as one run again,
+    their episodes restarted (envpool's envs are not in a checkpoint)."""
+    argv, steps = RUNS[name]
+    first = launch(name, *argv, "--total-timesteps", str(steps), "--save-dir", "saved", cwd=tmp_path)
+    check_one_run(name, first, steps, tmp_path)
+    proc = launch(name, *argv, "--total-timesteps", str(2 * steps), "--resume", "saved", cwd=tmp_path)
+    assert check_one_run(name, proc, 2 * steps, tmp_path)["resumed_from"] == steps
+    assert f"resuming at env step {steps}, episodes restarted" in proc.stderr
+
+
+@pytest.mark.parametrize("name", [BASE, FAST])
+def test_atari_resumed_ranks_draw_apart(name):
+    """Every rank of a resumed run restores rank 0's generators: rank 0 goes on with them, the others reseed
+    apart, each its own way, and apart from the start of the run (seeded with --seed + rank)."""
+    module = load_script(name)
+    draws = []
+    for rank in range(3):
+        torch.manual_seed(7)  # the restored generator, the same on every rank
+        module.resumed_apart(module.Args(), rank, 512)
+        draws.append((torch.rand(4), module.np.random.rand(), module.random.random()))
+    torch.manual_seed(7)
+    assert torch.equal(draws[0][0], torch.rand(4))
+    for one, other in ((draws[0], draws[1]), (draws[1], draws[2])):
+        assert not torch.equal(one[0], other[0]) and one[1:] != other[1:]
+    torch.manual_seed(module.Args().seed + 1)
+    assert not torch.equal(draws[1][0], torch.rand(4))
+
+
+@pytest.mark.parametrize("name", [BASE, FAST])
 def test_ctrl_c_stops_every_rank_together(name, tmp_path):
     """Ctrl-C to torchrun and its ranks, as a terminal sends it to its process group: every rank stops at the end
     of the same iteration, rank 0 writes its checkpoint and the interrupted record, and no rank ends in a
@@ -113,9 +143,8 @@ def test_ctrl_c_stops_every_rank_together(name, tmp_path):
     checkpoint = torch.load(tmp_path / "run" / f"{name}.pt", weights_only=True)
     assert checkpoint["global_step"] == record["total_timesteps"] < 100000
     assert "[rank0]" not in err and "[rank1]" not in err, err
-    assert [line for line in err.splitlines() if line.startswith("interrupted after")] == [
-        f"interrupted after {record['total_timesteps']} env steps"
-    ]
+    stopped = [line for line in err.splitlines() if line.startswith("interrupted after")]
+    assert stopped and set(stopped) == {f"interrupted after {record['total_timesteps']} env steps"}, err
 
 
 def free_port():
@@ -183,6 +212,32 @@ def classic_update_is_the_whole_batch_update(rank):
     torch.testing.assert_close(halves_stats["grad_norm"], whole_stats["grad_norm"], rtol=1e-4, atol=1e-6)
 
 
+def atari_update_is_the_whole_batch_update(rank, obs, actions):
+    """The Atari twin in a process group: its update (backward into the flat gradient buffer, the all-reduce, then
+    clipping and Adam) on this rank's half of a minibatch gives the gradient and the parameters of the update on the
+    whole minibatch (advantages not normalised per minibatch, so that the loss is a mean over the batch)."""
+    fast = load_script(FAST)
+    args = fast.Args(norm_adv=False)
+    generator = torch.Generator().manual_seed(3)
+    logprobs = torch.full((FRAMES,), -1.4) + torch.rand(FRAMES, generator=generator) * 0.2
+    advantages, returns, values = torch.randn(3, FRAMES, generator=generator)
+    minibatch = (obs, actions, logprobs, advantages, returns, values)
+    half = slice(rank * FRAMES // 2, (rank + 1) * FRAMES // 2)
+    agents = []
+    for part in (slice(None), half):
+        torch.manual_seed(0)
+        agent = fast.Agent(args, N_ACT, "cpu")
+        _, update, _, _ = fast.make_update_fns(agent, args)
+        update(*(tensor[part] for tensor in minibatch))
+        agents.append(agent)
+    whole, halves = agents
+    torch.testing.assert_close(halves.grads, whole.grads, rtol=1e-4, atol=1e-6)
+    for p_whole, p_halves in zip(whole.network.parameters(), halves.network.parameters()):
+        torch.testing.assert_close(p_halves, p_whole, rtol=1e-4, atol=1e-6)
+    torch.manual_seed(0)
+    assert not torch.equal(whole.network.critic.bias, fast.Agent(args, N_ACT, "cpu").network.critic.bias)
+
+
 def ranks_worker(rank, store, results):
     """One rank of a gloo group: the gradient averaged over the ranks' halves of a batch against the whole
     batch's, in the Atari scripts and in the GPU classic-control twin's update; then a rank that drifted, which
@@ -194,6 +249,7 @@ def ranks_worker(rank, store, results):
     obs = torch.randint(0, 256, (FRAMES, 4, 84, 84), generator=generator, dtype=torch.uint8)
     actions = torch.randint(0, N_ACT, (FRAMES,), generator=generator)
     half = slice(rank * FRAMES // 2, (rank + 1) * FRAMES // 2)
+    atari_update_is_the_whole_batch_update(rank, obs, actions)
     torch.manual_seed(0)
     agent = fast.Agent(fast.Args(), N_ACT, "cpu")
     network = agent.network

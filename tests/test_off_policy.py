@@ -38,6 +38,8 @@ SAC = op.Algo(
         ("alpha", torch.tensor([agent_b.alpha], device=agent_f.alpha.device), agent_f.alpha),
     ],
     constant=lambda args: set() if args.autotune else {"log_alpha", "alpha"},
+    bad_input=[(["--policy-lr", "-0.1"], ["--policy-lr -0.1"]), (["--q-lr", "0"], ["--q-lr 0"])],
+    extra_scalars=("alpha",),
     cpu_tol=1e-4,
 )
 
@@ -71,7 +73,7 @@ TD3 = op.Algo(
     learn_return=-800,
     # Noise this large makes the smoothing clip, the target clamp and the exploration clamp all bite.
     args=dict(policy_noise=1.0, exploration_noise=1.0),
-    bad_input=[(["--exploration-noise", "-0.1"], ["--exploration-noise -0.1 must not be negative"])],
+    bad_input=[(["--exploration-noise", "-0.1"], ["--exploration-noise -0.1"])],
     actors=("actor", "target_actor"),
 )
 

@@ -682,8 +682,8 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
-    for category, message in script.QUIET_WARNINGS:
-        warnings.filterwarnings("ignore", message, category)
+    for message in script.QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message)
     device, environment = args.device, environment_of(args.device)
     records, skipped = [], []
     try:
