@@ -462,10 +462,9 @@ def parse_args(script, argv):
 
 
 def check_outputs(args, script):
-    """Before the run: every output writable, no other run's checkpoint overwritten, videos without a display."""
-    video = getattr(args, "capture_video", False)
+    """Before the run: every output writable, and no other run's checkpoint overwritten."""
     folders = {"--save-dir": args.save_dir, "--profile-dir": args.profile_dir, "runs": args.tensorboard and "runs",
-               "videos": video and "videos", "--speed-log": args.speed_log and os.path.dirname(os.path.abspath(args.speed_log))}  # fmt: skip
+               "videos": getattr(args, "capture_video", False) and "videos", "--speed-log": args.speed_log and os.path.dirname(os.path.abspath(args.speed_log))}  # fmt: skip
     for option, folder in folders.items():
         try:
             if folder:
@@ -477,7 +476,11 @@ def check_outputs(args, script):
     existing = args.save_dir and checkpoint_file(args.save_dir, script)
     if existing and os.path.exists(existing) and not (args.resume and os.path.samefile(checkpoint_file(args.resume, script), existing)):
         fail(f"--save-dir {args.save_dir} holds another run's checkpoint: --resume it, or pass another --save-dir")
-    if video and not (os.environ.get("DISPLAY") or os.environ.get("MUJOCO_GL")):
+
+
+def headless_video(args):
+    """Without a display, MuJoCo renders videos through EGL, else OSMesa, or --capture-video is refused at start."""
+    if getattr(args, "capture_video", False) and not (os.environ.get("DISPLAY") or os.environ.get("MUJOCO_GL")):
         gl = next((gl for gl, lib in (("egl", "EGL"), ("osmesa", "OSMesa")) if find_library(lib)), None)
         if gl:
             os.environ["MUJOCO_GL"] = os.environ["PYOPENGL_PLATFORM"] = gl
@@ -609,6 +612,7 @@ class Run:
             torch.set_num_threads(args.torch_threads)
         if not args.eval_checkpoint:
             check_outputs(args, script)
+        headless_video(args)
         self.video_folder = os.path.join("videos", self.run_name) if getattr(args, "capture_video", False) else None
         self.phase = record_function if args.profile_dir else lambda name: nullcontext()
         self.steps, self.signal, self.state, self.window, self.profiler, self.bar = 0, None, None, None, None, None

@@ -1,43 +1,24 @@
-# PPO for continuous actions, as CleanRL defines it, made fast: the rollout gathered in pinned host memory and moved
-# once, GAE as a parallel scan, a tensor learning rate annealed in place, torch.compile and CUDA graphs.
+# PPO for continuous actions, as CleanRL defines it, made fast: a pinned rollout, GAE as a scan, compile, CUDA graphs.
 # Docs: docs/ppo_continuous.md
-import json
-import logging
-import netrc
 import os
 import random
-import signal
-import sys
-import tempfile
-import time
-import urllib.parse
-import warnings
-from collections import deque
-from contextlib import nullcontext
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass
 
 import gymnasium as gym
-import mujoco
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
-import tqdm
-import tyro
-from tensordict.nn import CudaGraphModule
-from gymnasium.envs.mujoco.mujoco_env import MujocoEnv
 from gymnasium.wrappers.utils import RunningMeanStd
+from tensordict.nn import CudaGraphModule
 from torch.distributions.normal import Normal
-from torch.profiler import ProfilerActivity, profile, record_function
 
 
 @dataclass
 class Args:
     env_id: str = "HalfCheetah-v4"
     """the id of the gymnasium environment"""
-    seed: int = 1
-    """seed of the experiment"""
     total_timesteps: int = 1000000
     """total timesteps of the experiment, rounded down to whole iterations of --num-envs * --num-steps"""
     learning_rate: float = 3e-4
@@ -70,12 +51,25 @@ class Args:
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
     """stop the epochs of an update early once the approximate KL divergence exceeds this threshold"""
+    capture_video: bool = False
+    """record videos under videos/<run name>/: of env 0 while training, of every episode of --eval-checkpoint"""
+    compile: bool = False
+    """compile the policy, GAE and update functions with torch.compile"""
+    cudagraphs: bool = False
+    """capture the policy, GAE and update functions as CUDA graphs (tensordict's CudaGraphModule)"""
+    # ---- run options: the same in every script (stamped from leanrl/harness.py) ----
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment, in the run's name"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """sets `torch.backends.cudnn.deterministic`"""
     cuda: bool = True
     """use CUDA when it is available"""
     torch_threads: int = 1
-    """torch's intra-op CPU threads (0: torch's default, one per core); see the README's CPU notes"""
+    """torch's intra-op CPU threads (0: torch's default, one per core)"""
     track: bool = False
-    """track the experiment with Weights and Biases (honours WANDB_MODE)"""
+    """track the experiment with Weights and Biases"""
     wandb_project_name: str = "leanrl"
     """the wandb project name"""
     wandb_entity: str | None = None
@@ -83,25 +77,20 @@ class Args:
     tensorboard: bool = True
     """write TensorBoard scalars under runs/<run name>/"""
     speed_log: str | None = None
-    """append the final speed record (one JSON line) to this file"""
+    """append the speed record (the last stdout line, one JSON object) to this file"""
     profile_dir: str | None = None
-    """profile the start of the steady window (after warm-up) and write the trace into this directory"""
+    """profile the start of the steady window and write the trace into this directory"""
     save_dir: str | None = None
     """write checkpoints into this directory: every --save-every env steps, at the end, and on Ctrl-C"""
     save_every: int = 0
-    """env steps between checkpoints in --save-dir (0: only the one at the end)"""
+    """env steps between checkpoints (0: only at the end and on Ctrl-C)"""
     resume: str | None = None
-    """continue the run saved in this checkpoint file, or in this directory's checkpoint of the script"""
+    """continue the run saved in this checkpoint (a file, or a --save-dir); checkpoints go on there"""
     eval_checkpoint: str | None = None
-    """evaluate the policy of this checkpoint (file or directory, as for --resume) and exit, without training"""
+    """evaluate the policy of this checkpoint (file or --save-dir) for --eval-episodes and exit"""
     eval_episodes: int = 10
     """episodes that --eval-checkpoint runs"""
-    capture_video: bool = False
-    """record videos under videos/<run name>/: of env 0 while training, of every episode of --eval-checkpoint"""
-    compile: bool = False
-    """compile the policy, GAE and update functions with torch.compile"""
-    cudagraphs: bool = False
-    """capture the policy, GAE and update functions as CUDA graphs (tensordict's CudaGraphModule)"""
+    # ---- end of run options ----
 
 
 # Iterations that count as warm-up: the fps window starts after them.
@@ -111,127 +100,15 @@ PROFILE_ITERATIONS = 1
 # The statistics of a minibatch update, in the order they are logged.
 STATS = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "grad_norm")
 
-# Seconds between refreshes of the progress bar, and between progress lines where stderr is not a terminal.
-PROGRESS_SECONDS = 1.0
-CONSOLE_SECONDS = 10.0
-# Warnings that are not the user's concern (docs/contract.md says what each one is): (category, message).
-QUIET_WARNINGS = (
-    (DeprecationWarning, r".*The environment \S+-v4 is out of date"),
-    (UserWarning, r"Using lock_\(\) inside a compiled graph"),
-)
-# What a checkpoint file says it is (docs/checkpoints.md).
-CHECKPOINT_FORMAT = "leanrl-checkpoint-1"
-# Arguments a resumed run may change: they change where it writes, how long it runs and how fast, not what it learns.
-RESUMABLE_ARGS = (
-    "total_timesteps", "save_dir", "save_every", "resume", "eval_checkpoint", "eval_episodes", "capture_video",
-    "cuda", "torch_threads", "track", "wandb_project_name", "wandb_entity", "tensorboard", "speed_log",
-    "profile_dir", "compile", "cudagraphs",
-)  # fmt: skip
-# A MuJoCo env's state in a checkpoint: all that its next steps depend on.
-MUJOCO_STATE = mujoco.mjtState.mjSTATE_INTEGRATION
-# What a checkpoint keeps of gymnasium's wrappers: step and episode counters, and running statistics.
-WRAPPER_STATE = ("_elapsed_steps", "episode_returns", "episode_lengths", "discounted_reward")
-WRAPPER_STATISTICS = ("obs_rms", "return_rms")
 
-
-def fail(message):
-    """Bad input: one line on stderr, exit code 2, no traceback."""
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def flag(args, name, argv):
-    """`--name value` for an error line, saying so when the value is a default that argv does not set."""
-    option = "--" + name.replace("_", "-")
-    given = any(a.split("=")[0].replace("_", "-") == option for a in argv)
-    return f"{option} {getattr(args, name)}" + ("" if given else " (the default)")
-
-
-def wandb_credentials():
-    """Whether wandb can log without asking for a key: offline or disabled, a key in the environment, or a
-    `wandb login` (which writes the key to ~/.netrc). Nothing goes over the network."""
-    if os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun") or os.environ.get("WANDB_API_KEY"):
-        return True
-    host = urllib.parse.urlsplit(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).netloc
-    try:
-        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
-    except (OSError, netrc.NetrcParseError):
-        return False
-
-
-def checkpoint_file(path, script):
-    """The checkpoint file a path names: the path itself, or the script's checkpoint in a directory."""
-    return os.path.join(path, f"{script}.pt") if os.path.isdir(path) else path
-
-
-def open_checkpoint(args, argv, script):
-    """(checkpoint, args) for --resume or --eval-checkpoint: the file loaded (tensors and plain values only) and
-    checked, and the arguments of its run with argv's on top; one that would change the run must not differ
-    (evaluation may take another --seed)."""
-    if args.resume and args.eval_checkpoint:
-        fail("--resume and --eval-checkpoint exclude each other: resume a run, or evaluate its policy")
-    option, path = ("--resume", args.resume) if args.resume else ("--eval-checkpoint", args.eval_checkpoint)
-    path = checkpoint_file(path, script)
-    if not os.path.isfile(path):
-        fail(f"{option} {path}: no such checkpoint file")
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # truncated, not written by torch.save, or holding objects weights_only refuses
-        fail(f"{option} {path} does not load as a checkpoint ({type(e).__name__}): truncated, or not a checkpoint")
-    if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:
-        fail(f"{option} {path} is not a checkpoint of this collection")
-    if checkpoint["script"] != script:
-        fail(f"{option} {path} is a checkpoint of {checkpoint['script']}, not of {script}")
-    if set(checkpoint["args"]) != {field.name for field in fields(Args)}:
-        fail(f"{option} {path} was written by another version of {script}: its arguments differ")
-    saved = Args(**checkpoint["args"])
-    args = tyro.cli(Args, args=argv, default=saved)
-    free = RESUMABLE_ARGS + (("seed",) if args.eval_checkpoint else ())
-    for name in checkpoint["args"]:
-        if name not in free and getattr(args, name) != getattr(saved, name):
-            fail(f"{option} {path}: {flag(args, name, argv)} differs from the checkpoint's {getattr(saved, name)}")
-    return checkpoint, args
-
-
-def rng_states():
-    """The global random generators' states, in types a weights_only load reads back."""
-    numpy_state = np.random.get_state(legacy=False)
-    numpy_state["state"]["key"] = torch.from_numpy(numpy_state["state"]["key"].astype(np.int64))
-    return {
-        "python": random.getstate(),
-        "numpy": numpy_state,
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
-
-
-def restore_rng_states(states):
-    numpy_state = states["numpy"]
-    numpy_state["state"]["key"] = numpy_state["state"]["key"].numpy().astype(np.uint32)
-    random.setstate(states["python"])
-    np.random.set_state(numpy_state)
-    torch.set_rng_state(states["torch"])
-    if states["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"][: torch.cuda.device_count()])
-
-
-def check_args(args, argv):
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate"):
-        if getattr(args, name) <= 0:
-            fail(f"{flag(args, name, argv)} must be positive")
-    for name in ("gamma", "gae_lambda"):
-        if not 0 <= getattr(args, name) <= 1:
-            fail(f"{flag(args, name, argv)} must be in [0, 1]")
-    batch = f"{flag(args, 'num_envs', argv)} * {flag(args, 'num_steps', argv)} = {args.num_envs * args.num_steps}"
-    if args.num_envs * args.num_steps % args.num_minibatches:
-        minibatches = flag(args, "num_minibatches", argv)
-        fail(f"{batch} does not split evenly into {minibatches}: every minibatch must have the same size")
+def check_args(args):
+    batch = f"--num-envs {args.num_envs} * --num-steps {args.num_steps} = {args.num_envs * args.num_steps}"
+    if args.num_envs * args.num_steps % args.num_minibatches:  # CUDA graphs need minibatches of one size
+        fail(f"{batch} does not split evenly into --num-minibatches {args.num_minibatches}")
     if args.norm_adv and args.num_envs * args.num_steps // args.num_minibatches < 2:
-        fail(f"{flag(args, 'num_minibatches', argv)} leaves minibatches of one sample; --norm-adv needs two")
+        fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample; --norm-adv needs two")
     if args.total_timesteps < args.num_envs * args.num_steps:
-        fail(f"{flag(args, 'total_timesteps', argv)} is below one rollout, {batch}")
-    if args.target_kl is not None and args.target_kl <= 0:
-        fail(f"--target-kl {args.target_kl} must be positive")
+        fail(f"--total-timesteps {args.total_timesteps} is below one rollout, {batch}")
 
 
 class RunningMeanStdOfOne(RunningMeanStd):
@@ -248,14 +125,13 @@ class RunningMeanStdOfOne(RunningMeanStd):
         self.count = total
 
 
-def make_env(env_id, gamma, seed, video=None):
+def make_env(env_id, gamma, video=None):
     """video: (folder, which episodes) to record, or None."""
 
     def thunk():
         env = gym.make(env_id) if video is None else gym.make(env_id, render_mode="rgb_array")
         if not isinstance(env.action_space, gym.spaces.Box):
-            space = type(env.action_space).__name__
-            fail(f"{env_id} has a {space} action space; this PPO needs a continuous (Box) one")
+            fail(f"--env-id {env_id} has a {type(env.action_space).__name__} action space; PPO continuous needs a Box")
         if video is not None:
             env = gym.wrappers.RecordVideo(env, video[0], episode_trigger=video[1], disable_logger=True)
         env = gym.wrappers.FlattenObservation(env)  # deal with dm_control's Dict observation space
@@ -268,95 +144,40 @@ def make_env(env_id, gamma, seed, video=None):
         env = gym.wrappers.NormalizeReward(env, gamma=gamma)
         env.return_rms = RunningMeanStdOfOne(shape=())
         env = gym.wrappers.TransformReward(env, lambda reward: np.clip(reward, -10, 10))
-        # Never sampled here, but seeded: a checkpoint holds its generator, the same in every run of a seed.
-        env.action_space.seed(seed)
         return env
 
     return thunk
 
 
-def make_envs(args, video=None):
+def make_envs(args, num_envs, video=None):
     """num_envs envs that reset in the same step, so the true final observation comes in infos; env 0 records
     the video, as in CleanRL."""
     try:
         # copy=False: step returns the vector env's own observation buffer, not a copy; the loop copies it into
         # the rollout before the next step overwrites it.
         return gym.vector.SyncVectorEnv(
-            [make_env(args.env_id, args.gamma, args.seed, video if i == 0 else None) for i in range(args.num_envs)],
+            [make_env(args.env_id, args.gamma, video if i == 0 else None) for i in range(num_envs)],
             autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
             copy=False,
         )
     except gym.error.Error as e:
-        fail(f"cannot make env {args.env_id!r}: {e}")
+        fail(f"--env-id {args.env_id}: {e}")
 
 
-def saved_value(value):
-    """A numpy value as a tensor, which a weights_only load reads back; other values as they are."""
-    return torch.as_tensor(np.asarray(value)) if isinstance(value, (np.ndarray, np.generic)) else value
+class NormalizationStats:
+    """The running mean and variance of each env's NormalizeObservation and NormalizeReward, in a checkpoint: the
+    policy acts on observations normalised with them, so it is meaningless without them (evaluation uses env 0's)."""
 
+    def __init__(self, envs):
+        self.stats = [env.get_wrapper_attr(name) for env in envs.envs for name in ("obs_rms", "return_rms")]
 
-def numpy_value(value):
-    """saved_value's inverse: a tensor as a numpy array (0-d: a numpy scalar)."""
-    return value.numpy()[()] if isinstance(value, torch.Tensor) else value
+    def state_dict(self):
+        return [{key: torch.as_tensor(np.asarray(value)) for key, value in vars(rms).items()} for rms in self.stats]
 
-
-def stateful_wrappers(env):
-    """An env's wrappers, outside in, but the video recorder, which a resumed run may add or drop."""
-    wrappers = []
-    while isinstance(env, gym.Wrapper):
-        if not isinstance(env, gym.wrappers.RecordVideo):
-            wrappers.append(env)
-        env = env.env
-    return wrappers
-
-
-def env_state(envs):
-    """What the next steps of a gymnasium vector env depend on, per env: the simulator's state (MuJoCo's
-    integration state, or a classic-control env's `state`; None for other envs), each wrapper's counters and
-    running statistics, and the random generators of the env, its action space and the vector env's."""
-    states = []
-    for env in envs.envs:
-        sim = env.unwrapped
-        if isinstance(sim, MujocoEnv):
-            physics = np.empty(mujoco.mj_stateSize(sim.model, MUJOCO_STATE))
-            mujoco.mj_getState(sim.model, sim.data, physics, MUJOCO_STATE)
-        else:
-            physics = getattr(sim, "state", None)
-        layers = []
-        for layer in stateful_wrappers(env):
-            saved = {name: saved_value(vars(layer)[name]) for name in WRAPPER_STATE if name in vars(layer)}
-            for name in WRAPPER_STATISTICS:
-                if name in vars(layer):
-                    saved[name] = {key: saved_value(value) for key, value in vars(vars(layer)[name]).items()}
-            layers.append(saved)
-        rng, action_rng = sim.np_random.bit_generator.state, env.action_space.np_random.bit_generator.state
-        physics = None if physics is None else saved_value(np.asarray(physics))
-        states.append({"physics": physics, "layers": layers, "rng": rng, "action_rng": action_rng})
-    return {"envs": states, "action_rng": envs.action_space.np_random.bit_generator.state}
-
-
-def restore_env_state(envs, state):
-    """env_state's envs back as saved; False where an env's simulator state was not saved (its episode restarts
-    from the reset)."""
-    restored = True
-    for env, saved in zip(envs.envs, state["envs"]):
-        sim = env.unwrapped
-        if saved["physics"] is None:
-            restored = False
-        elif isinstance(sim, MujocoEnv):
-            mujoco.mj_setState(sim.model, sim.data, numpy_value(saved["physics"]), MUJOCO_STATE)
-        else:
-            sim.state = numpy_value(saved["physics"])
-        for layer, layer_state in zip(stateful_wrappers(env), saved["layers"]):
-            for name, value in layer_state.items():
-                if name in WRAPPER_STATISTICS:
-                    vars(vars(layer)[name]).update({key: numpy_value(v) for key, v in value.items()})
-                else:
-                    vars(layer)[name] = numpy_value(value)
-        sim.np_random.bit_generator.state = saved["rng"]
-        env.action_space.np_random.bit_generator.state = saved["action_rng"]
-    envs.action_space.np_random.bit_generator.state = state["action_rng"]
-    return restored
+    def load_state_dict(self, saved):
+        for rms, values in zip(self.stats, saved, strict=True):  # arrays as arrays, the count as a float
+            arrays = {key for key, value in vars(rms).items() if isinstance(value, np.ndarray)}
+            vars(rms).update({key: value.numpy() if key in arrays else value.item() for key, value in values.items()})
 
 
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
@@ -402,12 +223,9 @@ class ActorCritic(nn.Module):
 
 
 class Rollout:
-    """One rollout of num_steps steps of num_envs envs. The loop writes each step into pinned host memory (host,
-    numpy views of it) and to_device moves the whole rollout with one copy per tensor.
-
-    obs and dones have one more row: the observation after the last step, which GAE bootstraps from and the next
-    rollout starts with.
-    """
+    """One rollout of num_steps steps of num_envs envs, written step by step into pinned host memory (`host`: numpy
+    views of it) and moved to the device by to_device, one copy per tensor. obs and dones have one more row: the
+    observation after the last step, which GAE bootstraps from and the next rollout starts with."""
 
     def __init__(self, num_steps, num_envs, n_obs, n_act, device):
         shapes = {
@@ -435,15 +253,10 @@ class Agent:
 
     def __init__(self, args, n_obs, n_act, device):
         self.net = ActorCritic(n_obs, n_act, device=device)
-        # The learning rate is a device tensor that annealing overwrites in place, so a compiled or captured
-        # optimizer step reads the current value. Adam takes a tensor lr without host syncs only when capturable,
-        # which it can be on CUDA alone.
-        self.optimizer = optim.Adam(
-            self.net.parameters(),
-            lr=torch.tensor(args.learning_rate, device=device),
-            eps=1e-5,
-            capturable=device.type == "cuda",
-        )
+        # The learning rate is a device tensor that annealing overwrites in place, so a compiled or captured optimizer
+        # step reads the current value; Adam takes it without host syncs only when capturable, on CUDA alone.
+        lr = torch.tensor(args.learning_rate, device=device)
+        self.optimizer = optim.Adam(self.net.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
 
     def set_learning_rate(self, lr):
         self.optimizer.param_groups[0]["lr"].fill_(lr)
@@ -452,35 +265,9 @@ class Agent:
         return self.optimizer.param_groups[0]["lr"]
 
 
-def run_state(agent, envs, next_obs, next_done):
-    """The script's part of a checkpoint: network, optimizer, envs, and the observations and done flags the next
-    rollout starts from (copies: a view would be saved with the whole buffer it is part of)."""
-    state = {"net": agent.net.state_dict(), "optimizer": agent.optimizer.state_dict(), "envs": env_state(envs)}
-    return {**state, "next_obs": next_obs.to("cpu", copy=True), "next_done": next_done.to("cpu", copy=True)}
-
-
-def restore_run(state, agent, envs, rollout):
-    """run_state's parts back in place, before the first compiled or captured call: the optimizer's load_state_dict
-    makes its state tensors anew, which a graph captured earlier would not see. The observations and done flags the
-    next rollout starts from go into the rollout's last row, where the loop takes them from."""
-    lr = agent.learning_rate()
-    agent.net.load_state_dict(state["net"])
-    agent.optimizer.load_state_dict(state["optimizer"])
-    # load_state_dict put the saved tensor in the group: the tensor that annealing overwrites goes back in its place.
-    agent.optimizer.param_groups[0]["lr"] = lr.copy_(agent.learning_rate())
-    if restore_env_state(envs, state["envs"]):
-        rollout.host["obs"][-1] = state["next_obs"].numpy()
-        rollout.host["dones"][-1] = state["next_done"].numpy()
-    else:
-        print("the envs' state is not in the checkpoint: their episodes restart", file=sys.stderr)
-
-
 def bootstrap_truncated(agent, reward, terminations, truncations, infos, gamma, device):
-    """The reward with gamma * V(true final observation) added where an episode was truncated, not terminated.
-
-    The env has already reset and GAE does not bootstrap across a done, but a time limit is not the end of the
-    task: its value target must continue from the state the episode stopped in.
-    """
+    """The reward plus gamma * V(true final observation) where an episode was truncated, not terminated: GAE does not
+    bootstrap across a done, but a time limit is not the end of the task (docs/ppo_continuous.md)."""
     truncated = truncations & ~terminations
     if not truncated.any():
         return reward
@@ -576,12 +363,9 @@ def make_update_fns(agent, args):
 
 
 def make_act(policy, args, n_obs, n_act, device):
-    """act(obs) -> (action, logprob, value), numpy arrays in and out, for num_envs observations; the outputs are
-    overwritten by the next call.
-
-    The observations reach a fixed device tensor through pinned host memory, and the outputs come back the same
-    way. With --cudagraphs the copies are part of the captured graph: acting costs one replay and one wait for
-    the device."""
+    """act(obs) -> (action, logprob, value), numpy arrays in and out, overwritten by the next call. The observations
+    reach a fixed device tensor through pinned host memory, and the outputs come back the same way; with
+    --cudagraphs the copies are part of the captured graph: acting costs one replay and one wait for the device."""
     pinned = device.type == "cuda"
     obs_host = torch.zeros(args.num_envs, n_obs, pin_memory=pinned)
     obs_device = torch.zeros(args.num_envs, n_obs, device=device)
@@ -606,379 +390,32 @@ def make_act(policy, args, n_obs, n_act, device):
     return act
 
 
-class Meter:
-    """What every script measures, shows and logs, word for word the same in each (docs/contract.md): the fps
-    window after warm-up, the profiler, the progress bar or line, TensorBoard and wandb scalars, the return curve
-    and the speed record, and the checkpoints (docs/checkpoints.md). The loop calls unit() as each unit of work
-    (an env step, or a PPO iteration) begins, tick() after each env step and checkpoint() after each unit;
-    finish() writes the record, after Ctrl-C too. --eval-checkpoint uses evaluated() and evaluation() instead."""
-
-    def __init__(self, args, script):
-        self.t_start = time.perf_counter()
-        self.args, self.script = args, script
-        self.run_name = f"{args.env_id}__{script}__{args.seed}__{int(time.time())}"
-        self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-        if getattr(args, "cudagraphs", False) and self.device.type != "cuda":
-            print("warning: --cudagraphs needs CUDA; running without CUDA graphs", file=sys.stderr)
-            args.cudagraphs = False
-        for category, message in QUIET_WARNINGS:
-            warnings.filterwarnings("ignore", message, category)
-        # torch.compile skips the profiler scopes inside optimizer steps, and says so; the steps are still timed.
-        logging.getLogger("torch._dynamo.variables.ctx_manager").setLevel(logging.ERROR)
-        if args.torch_threads < 0:
-            fail(f"--torch-threads {args.torch_threads} must be 0 (torch's default) or positive")
-        if args.torch_threads:
-            torch.set_num_threads(args.torch_threads)
-        # Named scopes for the profiler (--profile-dir); free when not profiling.
-        self.phase = record_function if args.profile_dir else lambda name: nullcontext()
-        self.check_outputs()
-        self.writer = self.wandb = None
-        if args.track and not args.eval_checkpoint:
-            import wandb
-
-            config = vars(args)
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=config, name=self.run_name)
-            self.wandb = wandb
-        self.returns = deque(maxlen=20)
-        self.curve = []  # [global_step, seconds since start, mean return], for return-vs-time plots
-        self.eval_returns = []
-        self.steps = self.first_step = 0
-        self.interrupted = self.stop = False
-        self.paused = 0.0  # seconds spent writing checkpoints, left out of the fps window
-        self.t_loop = self.t_window = self.profiler = self.bar = None
-
-    def check_outputs(self):
-        """Every output path is writable before training starts: missing folders are made, and one that cannot
-        be written is one error line."""
-        args = self.args
-        if args.save_every < 0 or args.save_every and not args.save_dir:
-            fail(f"--save-every {args.save_every} must be 0 (a checkpoint at the end only) or positive with --save-dir")
-        if args.eval_episodes <= 0:
-            fail(f"--eval-episodes {args.eval_episodes} must be positive")
-        outputs = [("--speed-log", args.speed_log, False), ("--profile-dir", args.profile_dir, True)]
-        if args.eval_checkpoint is None:
-            outputs.append(("--save-dir", args.save_dir, True))
-            if args.tensorboard:
-                outputs.append(("the TensorBoard folder (or --no-tensorboard)", "runs", True))
-        if args.capture_video:
-            outputs.append(("the video folder", "videos", True))
-        for option, path, folder in outputs:
-            if path is None:
-                continue
-            try:
-                os.makedirs(path if folder else os.path.dirname(path) or ".", exist_ok=True)
-                if folder:
-                    tempfile.TemporaryFile(dir=path).close()
-                else:
-                    open(path, "a").close()  # appends nothing: what the file holds stays as it is
-            except OSError as e:
-                fail(f"{option} {path} cannot be written: {e.strerror or e}")
-        if args.save_dir and args.eval_checkpoint is None:
-            # A checkpoint already there is another run's, unless this run continues it: never overwritten.
-            existing = checkpoint_file(args.save_dir, self.script)
-            if os.path.exists(existing) and not (
-                args.resume and os.path.samefile(checkpoint_file(args.resume, self.script), existing)
-            ):
-                fail(
-                    f"--save-dir {args.save_dir} already holds a checkpoint of {self.script}: continue that run with "
-                    f"--resume {args.save_dir}, or pass another --save-dir"
-                )
-        if args.track and args.eval_checkpoint is None and not wandb_credentials():
-            fail("--track needs wandb credentials: run `wandb login`, set WANDB_API_KEY, or set WANDB_MODE=offline")
-
-    def start(self, checkpoint, total_steps, learning_starts, warmup_steps, profile_steps, steps_per_call):
-        """The loop's plan in env steps: its length; the fps window opens warmup_steps after learning_starts, or
-        after the step a resumed run starts from, whichever is later (a resumed run compiles and captures again);
-        the steps --profile-dir profiles from there, and the env steps one env_step phase takes. With a checkpoint
-        (--resume), the returns, the curve and the random generators come back as saved. Returns the first step."""
-        if checkpoint is not None:
-            self.first_step = self.steps = checkpoint["global_step"]
-            self.returns.extend(checkpoint["meter"]["returns"])
-            self.curve = checkpoint["meter"]["curve"]
-            restore_rng_states(checkpoint["rng"])
-        self.total_steps, self.window_start = total_steps, max(learning_starts, self.first_step) + warmup_steps
-        self.profile_steps, self.steps_per_call = profile_steps, steps_per_call
-        if self.args.save_every:
-            self.next_save = (self.first_step // self.args.save_every + 1) * self.args.save_every
-        if self.args.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            # Made here, once the env and the networks are built: input they refuse leaves no run folder behind.
-            self.writer = SummaryWriter(os.path.join("runs", self.run_name))
-            table = "\n".join(f"|{key}|{value}|" for key, value in vars(self.args).items())
-            self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
-        self.curve_every = max(1, total_steps // 50)
-        self.next_curve = (self.first_step // self.curve_every + 1) * self.curve_every
-        # A bar on a terminal; elsewhere (logs, CI) tqdm shows none and tick() prints a line now and then.
-        self.bar = tqdm.tqdm(total=total_steps, initial=self.first_step, unit="step", unit_scale=True,
-                             dynamic_ncols=True, disable=None)  # fmt: skip
-        if self.args.save_dir:
-            signal.signal(signal.SIGINT, self.stop_requested)
-        self.t_loop = self.t_shown = self.t_line = time.perf_counter()
-        return self.first_step
-
-    def stop_requested(self, signum, frame):
-        """Ctrl-C with --save-dir: the run stops after a checkpoint at the end of this unit; a second one at once."""
-        if self.stop:
-            raise KeyboardInterrupt
-        self.stop = True
-        print("Ctrl-C: a checkpoint at the end of this step, then the run stops (Ctrl-C again: stop at once)",
-              file=sys.stderr, flush=True)  # fmt: skip
-
-    def unit(self, global_step):
-        """A unit of the loop begins after global_step env steps: the fps window opens at the first one past
-        warm-up, and the profiler covers its first profile_steps."""
-        if self.t_window is None and global_step >= self.window_start:
-            self.t_window, self.steps_window, self.paused_window = time.perf_counter(), global_step, self.paused
-            if self.args.profile_dir:
-                cuda = self.device.type == "cuda"
-                self.profiler = profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda)
-                self.profiler.start()
-                # The breakdown tool counts env steps as the record does.
-                self.profiler.add_metadata_json("env_steps_per_call", str(self.steps_per_call))
-        elif self.profiler is not None and global_step >= self.steps_window + self.profile_steps:
-            self.save_profile()
-
-    def save_profile(self):
-        self.profiler.stop()
-        self.profiler.export_chrome_trace(os.path.join(self.args.profile_dir, f"{self.script}.trace.json"))
-        self.profiler = None
-
-    def tick(self, global_step):
-        """An env step is done, global_step in all. Every PROGRESS_SECONDS the bar (or, every CONSOLE_SECONDS,
-        a line) shows fps and mean return, the fps is logged, and tick returns True: the caller logs its losses."""
-        self.steps = global_step
-        if global_step >= self.next_curve:
-            if self.returns:
-                seconds, mean_return = time.perf_counter() - self.t_start, float(np.mean(self.returns))
-                self.curve.append([global_step, round(seconds, 3), round(mean_return, 2)])
-            self.next_curve = (global_step // self.curve_every + 1) * self.curve_every
-        now = time.perf_counter()
-        if now - self.t_shown < PROGRESS_SECONDS:
-            return False
-        self.t_shown = now
-        steady = self.t_window is not None and global_step > self.steps_window
-        if steady:
-            fps = (global_step - self.steps_window) / (now - self.t_window - self.paused + self.paused_window)
-        else:
-            fps = (global_step - self.first_step) / (now - self.t_loop - self.paused)
-        mean_return = float(np.mean(self.returns)) if self.returns else float("nan")
-        status = f"fps {fps:.0f}{'' if steady else ' (warm-up)'}, return {mean_return:.1f}"
-        if not self.bar.disable:
-            self.bar.set_postfix_str(status, refresh=False)
-            self.bar.update(global_step - self.bar.n)
-        elif now - self.t_line >= CONSOLE_SECONDS:
-            self.t_line = now
-            eta = (self.total_steps - global_step) / max(fps, 1e-9) / 60
-            line = f"{self.script}: {global_step}/{self.total_steps} steps, {status}, eta {eta:.1f} min"
-            print(line, file=sys.stderr, flush=True)
-        self.log(global_step, {"charts/SPS": fps})
-        return True
-
-    def episode(self, global_step, episodic_return, length):
-        """A finished episode: its return counts in the mean shown and recorded, and both are logged."""
-        self.returns.append(float(episodic_return))
-        scalars = {"charts/episodic_return": float(episodic_return), "charts/episodic_length": int(length)}
-        self.log(global_step, scalars)
-
-    def log(self, global_step, scalars):
-        """Scalars to TensorBoard and, with --track, to wandb; tensor values are read back together, in one sync."""
-        tensors = [key for key, value in scalars.items() if isinstance(value, torch.Tensor)]
-        if tensors:
-            values = torch.stack([scalars[key].float().reshape(()) for key in tensors]).tolist()
-            scalars = {**scalars, **dict(zip(tensors, values))}
-        if self.writer is not None:
-            for key, value in scalars.items():
-                self.writer.add_scalar(key, value, global_step)
-        if self.wandb is not None:
-            self.wandb.log(scalars, step=global_step)
-
-    def checkpoint(self, global_step, state, final=False):
-        """A unit of work is done, global_step env steps in all: with --save-dir, a checkpoint when --save-every
-        is due, at the end of the run (final) and after Ctrl-C, which then ends the run. state() gives the
-        script's part of it: everything else its run needs to go on."""
-        args = self.args
-        if args.save_dir and (final or self.stop or args.save_every and global_step >= self.next_save):
-            self.save(global_step, state())
-        if self.stop:
-            raise KeyboardInterrupt
-
-    def save(self, global_step, state):
-        """Write the checkpoint atomically: a temporary file in --save-dir, flushed to the disk, then renamed over
-        the last one, so that a crash at any point leaves one whole checkpoint. Its seconds are left out of fps."""
-        t_save = time.perf_counter()
-        args = self.args
-        checkpoint = {
-            "format": CHECKPOINT_FORMAT,
-            "script": self.script,
-            "args": asdict(args),
-            "global_step": global_step,
-            "meter": {"returns": list(self.returns), "curve": self.curve},
-            "rng": rng_states(),
-            "state": state,
-        }
-        path = checkpoint_file(args.save_dir, self.script)
-        temporary = os.path.join(args.save_dir, f".{self.script}.{os.getpid()}.tmp")
-        try:
-            with open(temporary, "wb") as f:
-                try:
-                    torch.save(checkpoint, f)
-                    f.flush()
-                    os.fsync(f.fileno())
-                except BaseException:
-                    os.unlink(temporary)
-                    raise
-            os.replace(temporary, path)
-            folder = os.open(args.save_dir, os.O_RDONLY)  # the rename itself on the disk
-            try:
-                os.fsync(folder)
-            finally:
-                os.close(folder)
-        except OSError as e:
-            fail(f"--save-dir {args.save_dir}: the checkpoint of step {global_step} was not written: {e.strerror or e}")
-        if args.save_every:
-            self.next_save = (global_step // args.save_every + 1) * args.save_every
-        self.paused += time.perf_counter() - t_save
-
-    def evaluated(self, episodic_return):
-        """--eval-checkpoint: an episode ended; its return is printed. True once --eval-episodes have ended."""
-        self.eval_returns.append(float(episodic_return))
-        print(f"episode {len(self.eval_returns)}: return {self.eval_returns[-1]:.2f}", flush=True)
-        return len(self.eval_returns) >= self.args.eval_episodes
-
-    def evaluation(self):
-        """--eval-checkpoint's result: the returns of its episodes, printed as the last stdout line, returned."""
-        returns = self.eval_returns[: self.args.eval_episodes]
-        record = {
-            "script": self.script,
-            "env_id": self.args.env_id,
-            "checkpoint": checkpoint_file(self.args.eval_checkpoint, self.script),
-            "episodes": len(returns),
-            "mean": round(float(np.mean(returns)), 2),
-            "std": round(float(np.std(returns)), 2),
-            "returns": [round(r, 2) for r in returns],
-        }
-        print(json.dumps(record), flush=True)
-        return record
-
-    def finish(self):
-        """The speed record: printed as the last stdout line, appended to --speed-log, and returned. After Ctrl-C
-        it covers the steps done; a run that never reached its fps window is measured over its whole loop."""
-        if self.interrupted:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the record short
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-        t_end = time.perf_counter()
-        if self.profiler is not None:
-            self.save_profile()
-        if self.bar is not None:
-            self.bar.update(self.steps - self.bar.n)
-            self.bar.close()
-        if self.interrupted:
-            print(f"interrupted after {self.steps} env steps", file=sys.stderr, flush=True)
-        if self.returns and (not self.curve or self.curve[-1][0] < self.steps):
-            seconds, mean_return = t_end - self.t_start, float(np.mean(self.returns))
-            # The curve ends where the run did.
-            self.curve.append([self.steps, round(seconds, 3), round(mean_return, 2)])
-        steady = self.t_window is not None and self.steps > self.steps_window
-        if steady:
-            t_from, steps_from, paused = self.t_window, self.steps_window, self.paused - self.paused_window
-        else:
-            t_from, steps_from, paused = self.t_loop or t_end, self.first_step, self.paused
-        record = {
-            "script": self.script,
-            "env_id": self.args.env_id,
-            "seed": self.args.seed,
-            "compile": getattr(self.args, "compile", False),
-            "cudagraphs": getattr(self.args, "cudagraphs", False),
-            "device": self.device.type,
-            "gpu": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
-            "cpu_count": os.cpu_count(),
-            "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(),
-            "total_timesteps": self.steps,
-            "fps": round((self.steps - steps_from) / (t_end - t_from - paused), 1) if t_end > t_from else 0.0,
-            "steady": steady,
-            "interrupted": self.interrupted,
-            "fps_overall": round((self.steps - self.first_step) / (t_end - self.t_start), 1),
-            "resumed_from": self.first_step if self.args.resume else None,
-            "checkpoint_seconds": round(self.paused, 3),
-            "warmup_seconds": round(t_from - self.t_start, 3),
-            "wall_seconds": round(t_end - self.t_start, 3),
-            "episodic_return": round(float(np.mean(self.returns)), 2) if self.returns else None,
-            "return_curve": self.curve,
-        }
-        if self.writer is not None:
-            self.writer.close()
-        if self.wandb is not None:
-            self.wandb.finish()
-        line = json.dumps(record)
-        if self.args.speed_log:
-            # One write of a whole line in append mode, so concurrent runs never interleave.
-            with open(self.args.speed_log, "a") as f:
-                f.write(line + "\n")
-        print(line, flush=True)
-        return record
-
-
-def evaluate(args, meter, checkpoint):
-    """--eval-checkpoint: the saved policy's deterministic action (its mean) on a fresh env, --eval-episodes; the
-    observations are normalised with env 0's saved running statistics, frozen."""
-    video = (os.path.join("videos", meter.run_name), lambda episode: episode < args.eval_episodes)
-    # One env, so that its video records every episode.
-    envs = make_envs(replace(args, num_envs=1), video if args.capture_video else None)
-    n_obs = int(np.prod(envs.single_observation_space.shape))
-    n_act = int(np.prod(envs.single_action_space.shape))
-    net = ActorCritic(n_obs, n_act, device=meter.device)
-    net.load_state_dict(checkpoint["state"]["net"])
-    layers = checkpoint["state"]["envs"]["envs"][0]["layers"]
-    obs_rms = next(layer["obs_rms"] for layer in layers if "obs_rms" in layer)
-    normalize = envs.envs[0]
-    while not isinstance(normalize, gym.wrappers.NormalizeObservation):
-        normalize = normalize.env
-    vars(normalize.obs_rms).update({key: numpy_value(value) for key, value in obs_rms.items()})
-    normalize.update_running_mean = False
-    obs, _ = envs.reset(seed=args.seed)
-    done = False
-    while not done:
-        with torch.no_grad():
-            actions = net.actor_mean(torch.as_tensor(obs, device=meter.device, dtype=torch.float32))
-        obs, _, _, _, infos = envs.step(actions.cpu().numpy())
-        if "final_info" in infos:
-            for i in np.flatnonzero(infos["_final_info"]):
-                done = meter.evaluated(infos["final_info"]["episode"]["r"][i]) or done
-    envs.close()
-
-
-def train(args, meter, checkpoint):
+def train(args, run):
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
-    device, phase = meter.device, meter.phase
+    device, phase = run.device, run.phase
 
-    video = (os.path.join("videos", meter.run_name), None) if args.capture_video else None  # CleanRL's schedule
-    envs = make_envs(args, video)
+    envs = make_envs(args, args.num_envs, run.video_folder and (run.video_folder, None))  # CleanRL's video schedule
     n_obs = int(np.prod(envs.single_observation_space.shape))
     n_act = int(np.prod(envs.single_action_space.shape))
     agent = Agent(args, n_obs, n_act, device)
     gae, update, policy, stats = make_update_fns(agent, args)
     rollout = Rollout(args.num_steps, args.num_envs, n_obs, n_act, device)
     act = make_act(policy, args, n_obs, n_act, device)
+    state = {"net": agent.net, "optimizer": agent.optimizer, "normalization": NormalizationStats(envs)}
+    global_step = run.start(state, total_steps=num_iterations * batch_size, env_steps_per_call=args.num_envs,
+                            warmup_steps=WARMUP_ITERATIONS * batch_size, profile_steps=PROFILE_ITERATIONS * batch_size)
 
+    # After run.start: a resumed run's first observations are normalised with its restored statistics.
     next_obs, _ = envs.reset(seed=args.seed)
     rollout.host["obs"][-1] = next_obs
-    if checkpoint is not None:
-        restore_run(checkpoint["state"], agent, envs, rollout)
-    steps = num_iterations * batch_size
-    global_step = meter.start(
-        checkpoint, steps, 0, WARMUP_ITERATIONS * batch_size, PROFILE_ITERATIONS * batch_size, args.num_envs
-    )
-    # A checkpoint is written after a whole iteration: the next one is the iteration after its steps.
+    # A checkpoint is written as an iteration begins: a resumed run goes on with the iteration after its steps.
     for iteration in range(global_step // batch_size + 1, num_iterations + 1):
-        meter.unit(global_step)
+        run.unit(global_step)
         with phase("update"):
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / num_iterations
@@ -992,34 +429,28 @@ def train(args, meter, checkpoint):
             global_step += args.num_envs
             with phase("policy"):
                 action, logprob, value = act(rollout.host["obs"][step])
-
             with phase("data"):
+                rollout.host["values"][step] = value
                 rollout.host["actions"][step] = action
                 rollout.host["logprobs"][step] = logprob
-                rollout.host["values"][step] = value
-
             with phase("env_step"):
                 next_obs, reward, terminations, truncations, infos = envs.step(rollout.host["actions"][step])
-
             with phase("data"):
                 reward = bootstrap_truncated(agent, reward, terminations, truncations, infos, args.gamma, device)
-                rollout.host["rewards"][step] = reward
                 rollout.host["dones"][step + 1] = np.logical_or(terminations, truncations)
+                rollout.host["rewards"][step] = reward
                 rollout.host["obs"][step + 1] = next_obs
-                if "final_info" in infos:
-                    for i in np.flatnonzero(infos["_final_info"]):
-                        episode = infos["final_info"]["episode"]
-                        meter.episode(global_step, episode["r"][i], episode["l"][i])
-
+                for i in np.flatnonzero(infos.get("_final_info", [])):
+                    episode = infos["final_info"]["episode"]
+                    run.episode(global_step, episode["r"][i], episode["l"][i])
             with phase("other"):
-                meter.tick(global_step)
+                run.tick(global_step)
 
         with phase("data"):
             rollout.to_device()
         with phase("update"):
-            advantages, rets = gae(
-                rollout.obs[-1], rollout.dones[-1], rollout.rewards, rollout.values, rollout.dones[:-1]
-            )
+            next_obs, next_done = rollout.obs[-1], rollout.dones[-1]  # the last row: where the next rollout starts
+            advantages, rets = gae(next_obs, next_done, rollout.rewards, rollout.values, rollout.dones[:-1])
 
         # flatten the batch: obs, actions, logprobs, advantages, returns, values
         batch = (
@@ -1051,33 +482,428 @@ def train(args, meter, checkpoint):
             explained_var = torch.where(var_y == 0, torch.nan, 1 - (batch[-2] - batch[-1]).var(correction=0) / var_y)
             scalars = {f"losses/{name}": stats[name] for name in STATS}
             scalars.update({"losses/explained_variance": explained_var, "charts/learning_rate": agent.learning_rate()})
-            meter.log(global_step, scalars)
-            final = iteration == num_iterations
-            next_obs, next_done = rollout.pinned["obs"][-1], rollout.pinned["dones"][-1]  # where the next one starts
-            meter.checkpoint(global_step, lambda: run_state(agent, envs, next_obs, next_done), final)
+            run.log(global_step, scalars)
     envs.close()
 
 
-def main(argv=None):
-    """Train as the arguments say and return the speed record, which Ctrl-C ends the run with too; with
-    --eval-checkpoint, evaluate the saved policy instead and return the evaluation's record."""
-    argv = sys.argv[1:] if argv is None else argv
-    args = tyro.cli(Args, args=argv)
-    script = os.path.basename(__file__)[: -len(".py")]
-    checkpoint = None
+def evaluate(args, run, saved):
+    """The saved policy's deterministic action (its mean) on one fresh env, whose video (with --capture-video)
+    records every episode; observations normalised with env 0's saved statistics, frozen."""
+    envs = make_envs(args, 1, run.video_folder and (run.video_folder, lambda episode: episode < args.eval_episodes))
+    net = ActorCritic(envs.single_observation_space.shape[0], envs.single_action_space.shape[0], device=run.device)
+    net.load_state_dict(saved["net"])
+    NormalizationStats(envs).load_state_dict(saved["normalization"][:2])
+    normalize = envs.envs[0]
+    while not isinstance(normalize, gym.wrappers.NormalizeObservation):
+        normalize = normalize.env
+    normalize.update_running_mean = False
+    obs, _ = envs.reset(seed=args.seed)
+    while True:
+        with torch.no_grad():
+            actions = net.actor_mean(torch.as_tensor(obs, device=run.device, dtype=torch.float32))
+        obs, _, _, _, infos = envs.step(actions.cpu().numpy())
+        for i in np.flatnonzero(infos.get("_final_info", [])):
+            yield infos["final_info"]["episode"]["r"][i]
+
+
+# ======== harness: the same in every script, stamped from leanrl/harness.py (docs/contract.md) ========
+import json, logging, math, random, signal, sys, tempfile, time, warnings  # noqa: E401, E402
+from collections import deque  # noqa: E402
+from contextlib import nullcontext  # noqa: E402
+from ctypes.util import find_library  # noqa: E402
+from dataclasses import asdict  # noqa: E402
+
+import gymnasium, numpy as np, tqdm, tyro  # noqa: E401, E402
+from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
+
+CHECKPOINT_FORMAT = "leanrl-checkpoint-2"
+# Numeric flags must be finite and >= 0; these, where a script has them, > 0 or in (0, 1].
+POSITIVE = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "buffer_size",
+            "batch_size", "learning_rate", "policy_lr", "q_lr", "policy_frequency", "target_network_frequency",
+            "train_frequency", "eval_episodes", "target_kl", "max_grad_norm")  # fmt: skip
+FRACTIONS = ("gamma", "gae_lambda", "tau")
+PROGRESS_SECONDS, CONSOLE_SECONDS = 1.0, 10.0  # the bar's refresh and fps log; a progress line off a terminal
+QUIET_WARNINGS = (r".*The environment \S+-v4 is out of date", r"Using lock_\(\) inside a compiled graph",
+                  r"TensorFloat32 tensor cores")  # fmt: skip
+
+
+def fail(message):
+    """Bad input: one line on stderr, exit code 2, no traceback."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def checkpoint_file(path, script):
+    return os.path.join(path, f"{script}.pt") if os.path.isdir(path) else path
+
+
+def parse_args(script, argv):
+    """(args, checkpoint): argv over the arguments of the checkpoint to resume or evaluate, range-checked."""
+    args, checkpoint = tyro.cli(Args, args=argv), None
+    if args.resume and args.eval_checkpoint:
+        fail("--resume and --eval-checkpoint exclude each other")
     if args.resume or args.eval_checkpoint:
-        checkpoint, args = open_checkpoint(args, argv, script)
-    check_args(args, argv)
-    meter = Meter(args, script)
+        path = checkpoint_file(args.resume or args.eval_checkpoint, script)
+        try:  # tensors and plain values only: loading runs no code
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+            assert checkpoint["format"] == CHECKPOINT_FORMAT and checkpoint["script"] == script
+            saved = Args(**checkpoint["args"])
+        except Exception as e:  # missing, truncated, another script's or another version's
+            fail(f"{'--resume' if args.resume else '--eval-checkpoint'} {path}: no checkpoint of this {script} "
+                 f"({type(e).__name__})")  # fmt: skip
+        save_dir, args = args.save_dir, tyro.cli(Args, args=argv, default=saved)
+        # A resumed run saves where it was resumed from, unless --save-dir names another folder.
+        args.save_dir = (save_dir or os.path.dirname(os.path.abspath(path))) if args.resume else None
+    for name, value in asdict(args).items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not (math.isfinite(value) and value >= 0 and (value > 0 or name not in POSITIVE)):
+                fail(f"--{name.replace('_', '-')} {value} must be {'positive' if name in POSITIVE else '0 or more'}")
+            if name in FRACTIONS and not 0 < value <= 1:
+                fail(f"--{name.replace('_', '-')} {value} must be in (0, 1]")
+    if args.save_every and not args.save_dir:
+        fail(f"--save-every {args.save_every} needs --save-dir")
+    if args.track and not args.tensorboard:
+        fail("--track mirrors the TensorBoard scalars to wandb: drop --no-tensorboard")
+    check_args(args)
+    return args, checkpoint
+
+
+def check_outputs(args, script):
+    """Before the run: every output writable, and no other run's checkpoint overwritten."""
+    folders = {"--save-dir": args.save_dir, "--profile-dir": args.profile_dir, "runs": args.tensorboard and "runs",
+               "videos": getattr(args, "capture_video", False) and "videos", "--speed-log": args.speed_log and os.path.dirname(os.path.abspath(args.speed_log))}  # fmt: skip
+    for option, folder in folders.items():
+        try:
+            if folder:
+                os.makedirs(folder, exist_ok=True)
+                tempfile.TemporaryFile(dir=folder).close()
+                open(args.speed_log, "a").close() if option == "--speed-log" else None
+        except OSError as e:
+            fail(f"{option} {folder} cannot be written: {e.strerror or e}")
+    existing = args.save_dir and checkpoint_file(args.save_dir, script)
+    if existing and os.path.exists(existing) and not (args.resume and os.path.samefile(checkpoint_file(args.resume, script), existing)):
+        fail(f"--save-dir {args.save_dir} holds another run's checkpoint: --resume it, or pass another --save-dir")
+
+
+def headless_video(args):
+    """Without a display, MuJoCo renders videos through EGL, else OSMesa, or --capture-video is refused at start."""
+    if getattr(args, "capture_video", False) and not (os.environ.get("DISPLAY") or os.environ.get("MUJOCO_GL")):
+        gl = next((gl for gl, lib in (("egl", "EGL"), ("osmesa", "OSMesa")) if find_library(lib)), None)
+        if gl:
+            os.environ["MUJOCO_GL"] = os.environ["PYOPENGL_PLATFORM"] = gl
+        elif "mujoco" in str(getattr(gymnasium.envs.registry.get(args.env_id), "entry_point", "")):
+            fail("--capture-video of MuJoCo without a display needs EGL or OSMesa: apt-get install libegl1")
+
+
+def state_dict(state):
+    """A checkpoint's copy of {name: module, optimizer, object with state_dict(), tensor, or such a dict}."""
+    if isinstance(state, dict):
+        return {name: state_dict(part) for name, part in state.items()}
+    return state.detach().cpu().clone() if isinstance(state, torch.Tensor) else state.state_dict()
+
+
+def load_state(state, saved, name="state"):
+    """state_dict's inverse, in place: into the very tensors that compiled functions and captured graphs hold."""
+    if isinstance(state, dict):
+        return [load_state(part, saved[key], f"{name}.{key}") for key, part in state.items()]
     try:
-        if args.eval_checkpoint:
-            evaluate(args, meter, checkpoint)
-            return meter.evaluation()
-        train(args, meter, checkpoint)
+        if isinstance(state, torch.Tensor) and saved.shape != state.shape:
+            raise ValueError(f"shape {tuple(saved.shape)}, here {tuple(state.shape)}")
+        if isinstance(state, torch.Tensor):
+            return state.detach().copy_(saved)
+        if not isinstance(state, torch.optim.Optimizer):
+            return state.load_state_dict(saved)
+        # capturable (--cudagraphs) is this run's; a tensor in a group (a learning rate on the device) stays the one
+        # that graphs hold, with the saved value.
+        kept = [{key: value for key, value in now.items() if isinstance(value, torch.Tensor)} for now in state.param_groups]
+        groups = zip(saved["param_groups"], state.param_groups)
+        state.load_state_dict({**saved, "param_groups": [{**g, "capturable": now.get("capturable", False)} for g, now in groups]})
+        for group, tensors in zip(state.param_groups, kept):
+            group.update({key: tensor.copy_(torch.as_tensor(group[key])) for key, tensor in tensors.items()})
+    except (RuntimeError, ValueError, KeyError) as e:  # another network or env size than the checkpoint's
+        fail(f"--resume: the checkpoint's {name} does not fit this run: {str(e).splitlines()[0]}")
+
+
+def rng_states():
+    numpy_state = np.random.get_state(legacy=False)
+    numpy_state["state"]["key"] = torch.from_numpy(numpy_state["state"]["key"].astype(np.int64))
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+    return {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state(), "cuda": cuda}
+
+
+def set_rng_states(states):
+    states["numpy"]["state"]["key"] = states["numpy"]["state"]["key"].numpy().astype(np.uint32)
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"][: torch.cuda.device_count()])
+
+
+class ScalarLog:
+    """Scalars to TensorBoard (runs/<run name>/), which --track mirrors to wandb, as in CleanRL."""
+
+    def __init__(self, args, run_name):
+        self.writer = self.wandb = None
+        if args.track:  # before the writer: wandb mirrors the writers made after it
+            import wandb
+
+            try:
+                self.wandb = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
+                                        name=run_name, sync_tensorboard=True, settings=wandb.Settings(silent=True))  # fmt: skip
+            except Exception as e:  # no `wandb login`, WANDB_API_KEY or WANDB_MODE=offline; no network
+                fail(f"--track: wandb did not start: {str(e).splitlines()[0]}")
+        if args.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(os.path.join("runs", run_name))
+            table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
+            self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
+
+    def log(self, step, scalars):  # tensors read back together, in one sync
+        tensors = [key for key, value in scalars.items() if isinstance(value, torch.Tensor)]
+        if self.writer and tensors:
+            values = torch.stack([scalars[key].detach().float().reshape(()).cpu() for key in tensors]).tolist()
+            scalars = {**scalars, **dict(zip(tensors, values))}
+        for key, value in scalars.items() if self.writer else ():
+            self.writer.add_scalar(key, value, step)
+
+    def close(self):
+        if self.writer:
+            self.writer.close()
+        if self.wandb:
+            self.wandb.finish()
+
+
+class SpeedWindow:
+    """The steady fps window: from the first unit of work at or past `opens_at` env steps (after warm-up:
+    compilation, graph capture) to the end of the loop, less the seconds spent saving."""
+
+    def __init__(self, first_step, opens_at):
+        self.first_step, self.opens_at, self.t_loop, self.t_open, self.paused = first_step, opens_at, time.perf_counter(), None, 0.0
+
+    def opens(self, step):
+        if self.t_open is None and step >= self.opens_at:
+            self.t_open, self.step_open, self.paused_open = time.perf_counter(), step, self.paused
+            return True
+        return False
+
+    def steady(self, step):
+        return self.t_open is not None and step > self.step_open
+
+    def fps(self, step, now):
+        if self.steady(step):
+            return (step - self.step_open) / (now - self.t_open - self.paused + self.paused_open)
+        return (step - self.first_step) / max(now - self.t_loop - self.paused, 1e-9)
+
+
+class Run:
+    """What the training loop tells the harness and gets from it (docs/contract.md): start() before the loop,
+    unit() as each unit of work begins, episode() and tick() after env steps, log(); checkpoints are written, and
+    Ctrl-C or SIGTERM ends the run, between units of work; finish() writes the speed record."""
+
+    def __init__(self, args, script, checkpoint):
+        self.t_start, self.args, self.script, self.checkpoint = time.perf_counter(), args, script, checkpoint
+        self.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+        if getattr(args, "cudagraphs", False) and self.device.type != "cuda":
+            print("warning: --cudagraphs needs CUDA; running without CUDA graphs", file=sys.stderr)
+            args.cudagraphs = False
+        for message in QUIET_WARNINGS:
+            warnings.filterwarnings("ignore", message)
+        logging.getLogger("tensordict").setLevel(logging.WARNING)  # its INFO lines on each graph capture
+        # torch.compile's note that it skips the profiler scopes inside optimizer steps: they are still timed.
+        logging.getLogger("torch._dynamo.variables.ctx_manager").setLevel(logging.ERROR)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
+        if args.torch_threads:  # 0: torch's own default
+            torch.set_num_threads(args.torch_threads)
+        if not args.eval_checkpoint:
+            check_outputs(args, script)
+        headless_video(args)
+        self.video_folder = os.path.join("videos", self.run_name) if getattr(args, "capture_video", False) else None
+        self.phase = record_function if args.profile_dir else lambda name: nullcontext()
+        self.steps, self.signal, self.state, self.window, self.profiler, self.bar = 0, None, None, None, None, None
+        for signum in (signal.SIGINT, signal.SIGTERM):  # set, not inherited: a background job's SIGINT is ignored
+            signal.signal(signum, self.on_signal)
+
+    def on_signal(self, signum, frame):
+        """In the loop: stop as the next unit begins, never inside a compilation or a graph capture. The same stop
+        can come twice at once (`timeout` signals its command, then the command's process group): a second signal
+        within a second is that one; a later one, or one before the loop, stops at once."""
+        first, now = self.signal is None, time.monotonic()
+        if not first and now - self.t_signal < 1.0:
+            return
+        self.signal, self.t_signal = signum, now
+        if first and self.state is not None:
+            return print("stopping at the end of this step (again: at once)", file=sys.stderr, flush=True)
+        raise KeyboardInterrupt
+
+    def start(self, state, *, total_steps, warmup_steps, profile_steps, env_steps_per_call, warmup_from=0):
+        """The loop's plan in env steps: total_steps; the fps window opens warmup_steps past warmup_from (SAC:
+        learning_starts) or past a resumed run's first step, whichever is later; --profile-dir profiles its first
+        profile_steps; one env_step phase takes env_steps_per_call. `state` is what checkpoints hold (state_dict):
+        on --resume it is restored here, in place, with the random generators. Returns the first env step."""
+        first_step, returns, self.curve = 0, [], []  # curve: [env step, seconds since start, mean return]
+        if self.checkpoint is not None:
+            load_state(state, self.checkpoint["state"])
+            set_rng_states(self.checkpoint["rng"])
+            first_step, returns, self.curve = (self.checkpoint[key] for key in ("global_step", "returns", "curve"))
+            if first_step >= total_steps:
+                fail(f"--resume {self.args.resume}: that run is finished ({first_step} env steps); pass a larger --total-timesteps")
+            print(f"resuming at env step {first_step}, episodes restarted; saving to {self.args.save_dir}", file=sys.stderr)
+        self.state, self.steps, self.total_steps, self.profile_steps = state, first_step, total_steps, profile_steps
+        self.env_steps_per_call, self.returns, self.next_save = env_steps_per_call, deque(returns, maxlen=20), self.save_due(first_step)
+        self.scalars = ScalarLog(self.args, self.run_name)  # now that the env and networks are made: no empty run
+        self.window, self.t_shown, self.t_line = SpeedWindow(first_step, max(warmup_from, first_step) + warmup_steps), 0.0, 0.0
+        # A bar on a terminal; elsewhere (logs, CI) a line every CONSOLE_SECONDS.
+        self.bar = tqdm.tqdm(total=total_steps, initial=first_step, unit="step", unit_scale=True, disable=None)
+        return first_step
+
+    def save_due(self, step):
+        return self.args.save_every and (step // self.args.save_every + 1) * self.args.save_every
+
+    def unit(self, step):
+        """A unit of work begins after `step` env steps: checkpoint, stop, fps window, profiler."""
+        self.steps = step
+        if self.args.save_dir and (self.signal or self.next_save and step >= self.next_save):
+            self.save(step)
+        if self.signal:
+            raise KeyboardInterrupt
+        if self.window.opens(step) and self.args.profile_dir:
+            cuda = self.device.type == "cuda"
+            self.profiler = profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda)
+            self.profiler.start()
+            self.profiler.add_metadata_json("env_steps_per_call", str(self.env_steps_per_call))  # for breakdown.py
+        elif self.profiler is not None and step >= self.window.step_open + self.profile_steps:
+            self.save_profile()
+
+    def save_profile(self):
+        self.profiler.stop()
+        self.profiler.export_chrome_trace(os.path.join(self.args.profile_dir, f"{self.script}.trace.json"))
+        self.profiler = None
+
+    def mean_return(self):
+        return round(float(np.mean(self.returns)), 2) if self.returns else None
+
+    def add_point(self, step, now):
+        if self.returns and (not self.curve or self.curve[-1][0] < step):
+            self.curve.append([step, round(now - self.t_start, 3), self.mean_return()])
+
+    def tick(self, step):
+        """After an env step, `step` in all: the return curve, and every PROGRESS_SECONDS the progress and True."""
+        self.steps, now = step, time.perf_counter()
+        if step * 50 // self.total_steps > (self.curve[-1][0] * 50 // self.total_steps if self.curve else 0):
+            self.add_point(step, now)
+        if now - self.t_shown < PROGRESS_SECONDS:
+            return False
+        self.t_shown, fps = now, self.window.fps(step, now)
+        status = f"fps {fps:.0f}{'' if self.window.steady(step) else ' (warm-up)'}, return {self.mean_return()}"
+        self.bar.set_postfix_str(status, refresh=False)
+        self.bar.update(step - self.bar.n)
+        if self.bar.disable and now - self.t_line >= CONSOLE_SECONDS:
+            self.t_line, eta = now, (self.total_steps - step) / max(fps, 1e-9) / 60
+            print(f"{self.script}: {step}/{self.total_steps} steps, {status}, eta {eta:.1f} min", file=sys.stderr)
+        self.log(step, {"charts/SPS": fps})
+        return True
+
+    def episode(self, step, episodic_return, length):
+        self.returns.append(float(episodic_return))
+        self.log(step, {"charts/episodic_return": float(episodic_return), "charts/episodic_length": int(length)})
+
+    def log(self, step, scalars):
+        self.scalars.log(step, scalars)
+
+    def save(self, step):
+        """Atomically: a temporary file, flushed to the disk, renamed over the last one. Left out of the fps."""
+        t_save, args = time.perf_counter(), self.args
+        checkpoint = {"format": CHECKPOINT_FORMAT, "script": self.script, "args": asdict(args), "global_step": step,
+                      "returns": list(self.returns), "curve": self.curve, "rng": rng_states(),
+                      "state": state_dict(self.state)}  # fmt: skip
+        temporary = os.path.join(args.save_dir, f".{self.script}.{os.getpid()}.tmp")
+        try:
+            with open(temporary, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temporary, checkpoint_file(args.save_dir, self.script))
+            os.fsync(folder := os.open(args.save_dir, os.O_RDONLY))  # the rename itself on the disk
+            os.close(folder)
+        except BaseException as e:  # a full disk, or a second Ctrl-C: no temporary file left behind
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+            if not isinstance(e, OSError):
+                raise
+            fail(f"--save-dir {args.save_dir}: the checkpoint of step {step} was not written: {e.strerror or e}")
+        self.next_save, self.window.paused = self.save_due(step), self.window.paused + time.perf_counter() - t_save
+
+    def evaluation(self, returns):
+        """--eval-checkpoint: the first --eval-episodes of `returns`, each printed, then their record."""
+        done = []
+        for episodic_return in returns:
+            done.append(round(float(episodic_return), 2))
+            print(f"episode {len(done)}: return {done[-1]:.2f}", flush=True)
+            if len(done) == self.args.eval_episodes:
+                break
+        record = {"script": self.script, "env_id": self.args.env_id,
+                  "checkpoint": checkpoint_file(self.args.eval_checkpoint, self.script), "episodes": len(done),
+                  "mean": round(float(np.mean(done)), 2), "std": round(float(np.std(done)), 2), "returns": done}  # fmt: skip
+        print(json.dumps(record), flush=True)
+        return record
+
+    def finish(self, interrupted):
+        """The speed record: the last stdout line, appended to --speed-log. Without a window: the whole loop's."""
+        for signum in (signal.SIGINT, signal.SIGTERM):  # nothing cuts the record short
+            signal.signal(signum, signal.SIG_IGN)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        t_end, window = time.perf_counter(), self.window or SpeedWindow(0, 0)
+        if self.profiler is not None:
+            self.save_profile()
+        if self.bar is not None:
+            self.add_point(self.steps, t_end)  # the curve ends where the run did
+            self.bar.update(self.steps - self.bar.n)
+            self.bar.close()
+            self.scalars.close()
+        if interrupted:
+            print(f"interrupted after {self.steps} env steps", file=sys.stderr, flush=True)
+        steady, args, cuda = window.steady(self.steps), self.args, self.device.type == "cuda"
+        record = {
+            "script": self.script, "env_id": args.env_id, "seed": args.seed, "compile": getattr(args, "compile", False),
+            "cudagraphs": getattr(args, "cudagraphs", False), "device": self.device.type,
+            "gpu": torch.cuda.get_device_name() if cuda else None, "cpu_count": os.cpu_count(),
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "total_timesteps": self.steps,
+            "fps": round(window.fps(self.steps, t_end), 1), "steady": steady, "interrupted": interrupted,
+            "fps_overall": round((self.steps - window.first_step) / (t_end - self.t_start), 1),
+            "resumed_from": window.first_step if self.checkpoint is not None else None,
+            "checkpoint_seconds": round(window.paused, 3),
+            "warmup_seconds": round((window.t_open if steady else window.t_loop) - self.t_start, 3),
+            "wall_seconds": round(t_end - self.t_start, 3), "episodic_return": self.bar and self.mean_return(),
+            "return_curve": self.bar and self.curve or [],
+        }  # fmt: skip
+        line = json.dumps(record)
+        if args.speed_log:
+            with open(args.speed_log, "a") as f:  # one write of a whole line: concurrent runs never interleave
+                f.write(line + "\n")
+        print(line, flush=True)
+        return record
+
+
+def main(argv=None):
+    """Train, or with --eval-checkpoint evaluate, as the arguments say; returns the record printed last on stdout."""
+    script = os.path.basename(__file__)[: -len(".py")]
+    args, checkpoint = parse_args(script, sys.argv[1:] if argv is None else argv)
+    run = Run(args, script, checkpoint)
+    if args.eval_checkpoint:
+        return run.evaluation(evaluate(args, run, checkpoint["state"]))
+    try:
+        train(args, run)
+        if args.save_dir:
+            run.save(run.steps)
     except KeyboardInterrupt:
-        meter.interrupted = True
-    return meter.finish()
+        return run.finish(interrupted=True)
+    return run.finish(interrupted=False)
 
 
 if __name__ == "__main__":
     sys.exit(130 if main().get("interrupted") else 0)
+# ======== end of harness ========

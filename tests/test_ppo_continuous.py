@@ -1,8 +1,9 @@
 """PPO continuous: both scripts through full iterations in every mode, the TensorBoard scalars and the profile,
-GAE and update equivalence of the compiled variant with the baseline, bootstrapping at truncations, a learning
-test, Ctrl-C, bad input."""
+GAE and update equivalence of the compiled variant with the baseline, bootstrapping at truncations, the
+normalisation statistics in checkpoints (resume and evaluation), a learning test, Ctrl-C, bad input."""
 
 import functools
+import json
 
 import numpy as np
 import ppo
@@ -22,8 +23,8 @@ from helpers import (
     requires_cuda,
     run_bad_input,
     run_cli,
-    run_interrupted,
     run_main,
+    run_main_stderr,
     run_mode,
     tensorboard_scalars,
 )
@@ -126,7 +127,7 @@ def test_bootstrap_at_truncation(name):
     """At a truncation the reward gains gamma * V(true final observation); at a termination it does not."""
     script = load_script(name)
     args = script.Args(env_id="Pendulum-v1", num_envs=2)
-    envs = script.make_envs(args)
+    envs = script.make_envs(args, args.num_envs)
     envs.reset(seed=0)
     envs.action_space.seed(0)
     torch.manual_seed(0)
@@ -158,7 +159,7 @@ def test_env_stack_is_the_baseline_one():
     steps, stats = [], []
     for name in (BASE, FAST):
         script = load_script(name)
-        envs = script.make_envs(script.Args(env_id="Pendulum-v1", num_envs=NUM_ENVS))
+        envs = script.make_envs(script.Args(env_id="Pendulum-v1"), NUM_ENVS)
         envs.reset(seed=0)
         envs.action_space.seed(0)
         # Copies: the twin's vector env returns its own observation buffer, which the next step overwrites.
@@ -307,25 +308,105 @@ def test_learns_inverted_pendulum(name, capsys):
 
 @pytest.mark.parametrize("name", [BASE, FAST])
 def test_ctrl_c_ends_with_the_record(name, capsys, monkeypatch):
-    """Ctrl-C within the first rollout: the record covers the 100 env steps done and says it was cut short."""
-    run_interrupted(name, TINY + ["--no-tensorboard"], 100, capsys, monkeypatch)
+    """Ctrl-C within the first rollout (KeyboardInterrupt, as from a second Ctrl-C): the record covers the 100 env
+    steps done and says it was cut short."""
+    run, tick = load_script(name).Run, load_script(name).Run.tick
+
+    def interrupting_tick(self, step):
+        shown = tick(self, step)
+        if step >= 100:
+            raise KeyboardInterrupt
+        return shown
+
+    monkeypatch.setattr(run, "tick", interrupting_tick)
+    record, err = run_main_stderr(name, TINY + ["--no-tensorboard"], capsys, interrupted=True)
+    assert record["total_timesteps"] == 100 and record["steady"] is False
+    assert "interrupted after 100 env steps" in err
+
+
+def normalization(envs):
+    """Each env's observation and return statistics: [(count, mean, var), ...], env by env."""
+    stats = [env.get_wrapper_attr(name) for env in envs.envs for name in ("obs_rms", "return_rms")]
+    return [(float(rms.count), np.copy(rms.mean), np.copy(rms.var)) for rms in stats]
+
+
+@pytest.mark.parametrize("name", [BASE, FAST])
+def test_normalization_in_checkpoints(name, tmp_path):
+    """The checkpoint's normalisation statistics, through a weights_only load, into fresh envs: the same numbers
+    (counts, means, variances of float64 and float32 arrays), and the same normalised observations after."""
+    script = load_script(name)
+    args = script.Args(env_id="Pendulum-v1")
+    envs, fresh = script.make_envs(args, NUM_ENVS), script.make_envs(args, NUM_ENVS)
+    envs.reset(seed=0)
+    envs.action_space.seed(0)
+    for _ in range(30):
+        envs.step(envs.action_space.sample())
+    torch.save(script.NormalizationStats(envs).state_dict(), tmp_path / "stats.pt")
+    script.NormalizationStats(fresh).load_state_dict(torch.load(tmp_path / "stats.pt", weights_only=True))
+    for (count, mean, var), (count_f, mean_f, var_f) in zip(normalization(envs), normalization(fresh), strict=True):
+        assert count_f == count > 30 and mean_f.dtype == mean.dtype
+        np.testing.assert_array_equal(mean_f, mean)
+        np.testing.assert_array_equal(var_f, var)
+    obs, obs_f = envs.reset(seed=1)[0].copy(), fresh.reset(seed=1)[0]
+    np.testing.assert_array_equal(obs_f, obs)
+    envs.close()
+    fresh.close()
+
+
+@pytest.mark.parametrize("name", [BASE, FAST])
+def test_resume_and_evaluate_use_the_saved_normalization(name, monkeypatch, capsys):
+    """A resumed run goes on from the saved statistics (they count on, not from zero); --eval-checkpoint
+    normalises with env 0's saved observation statistics and leaves them as they are."""
+    script = load_script(name)
+    made = []
+
+    def recording_make_envs(*args, make=script.make_envs, **kwargs):
+        made.append(make(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(script, "make_envs", recording_make_envs)
+    first = TINY[:-1] + [str(2 * NUM_ENVS * NUM_STEPS), "--save-dir", "ck", "--no-tensorboard"]
+    run_main(name, first, capsys)
+    saved = torch.load(f"ck/{name}.pt", weights_only=True)["state"]["normalization"]
+    # Observations of 200 steps and two resets (the first, and the autoreset after Pendulum's 200-step limit).
+    assert [float(rms["count"]) for rms in saved[::2]] == [pytest.approx(1e-4 + 2 * NUM_STEPS + 2)] * NUM_ENVS
+    run_main(name, ["--resume", "ck", "--total-timesteps", str(TOTAL), *TINY[:2], "--no-tensorboard"], capsys)
+    resumed = torch.load(f"ck/{name}.pt", weights_only=True)["state"]["normalization"]
+    # One more rollout on top of the saved counts, and the reset that restarts the episodes (an observation, no return).
+    for i, (rms, rms_saved) in enumerate(zip(resumed, saved, strict=True)):
+        assert float(rms["count"]) == pytest.approx(float(rms_saved["count"]) + NUM_STEPS + (i % 2 == 0))
+    record = run_main_eval(name, ["--eval-checkpoint", "ck", "--eval-episodes", "1"], capsys)
+    assert record["episodes"] == 1 and -16.3 * 200 <= record["mean"] <= 0
+    obs_count, obs_mean, _ = normalization(made[-1])[0]
+    assert obs_count == float(resumed[0]["count"])
+    np.testing.assert_array_equal(obs_mean, resumed[0]["mean"].numpy())
+
+
+def run_main_eval(name, argv, capsys):
+    """--eval-checkpoint in this process: its record, the last stdout line."""
+    record = load_script(name).main(argv)
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == record
+    return record
 
 
 BAD_INPUT = [
-    (["--env-id", "NoSuchEnv-v0"], ["NoSuchEnv-v0"]),
-    (["--env-id", "CartPole-v1"], ["CartPole-v1", "continuous"]),
-    # Values the user did not pass are named as defaults.
-    (["--num-steps", "100", "--num-minibatches", "32"],
-     ["--num-envs 1 (the default) * --num-steps 100 = 100", "--num-minibatches 32"]),
-    (["--num-steps", "8", "--num-minibatches", "8"], ["--num-minibatches 8 ", "--norm-adv"]),
-    (["--num-envs", "0"], ["--num-envs 0 must be positive"]),
-    (["--num-steps", "-1"], ["--num-steps -1 must be positive"]),
-    (["--num-minibatches", "0"], ["--num-minibatches 0 must be positive"]),
-    (["--update-epochs", "0"], ["--update-epochs 0 must be positive"]),
-    (["--learning-rate", "0"], ["--learning-rate 0.0 must be positive"]),
-    (["--gamma", "1.5"], ["--gamma 1.5 must be in [0, 1]"]),
-    (["--total-timesteps", "1000"], ["--total-timesteps 1000 ", "(the default) = 2048"]),
-    (["--target-kl", "-0.1"], ["--target-kl", "-0.1"]),
+    (["--env-id", "NoSuchEnv-v0"], ["--env-id", "NoSuchEnv-v0"]),
+    (["--env-id", "CartPole-v1"], ["--env-id", "CartPole-v1", "Box"]),
+    (["--num-steps", "100", "--num-minibatches", "32"], ["--num-steps 100", "--num-minibatches 32"]),
+    (["--num-steps", "8", "--num-minibatches", "8"], ["--num-minibatches 8", "--norm-adv"]),
+    (["--num-envs", "0"], ["--num-envs"]),
+    (["--num-steps", "-1"], ["--num-steps"]),
+    (["--num-minibatches", "0"], ["--num-minibatches"]),
+    (["--update-epochs", "0"], ["--update-epochs"]),
+    (["--learning-rate", "0"], ["--learning-rate"]),
+    (["--learning-rate", "-0.1"], ["--learning-rate"]),
+    (["--gamma", "1.5"], ["--gamma"]),
+    (["--gae-lambda", "0"], ["--gae-lambda"]),
+    (["--gamma", "0"], ["--gamma"]),
+    (["--clip-coef", "-1"], ["--clip-coef"]),
+    (["--seed", "-1"], ["--seed"]),
+    (["--total-timesteps", "1000"], ["--total-timesteps 1000", "2048"]),
+    (["--target-kl", "-0.1"], ["--target-kl"]),
 ]
 
 
