@@ -530,7 +530,7 @@ POSITIVE = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "upda
 FRACTIONS = ("gamma", "gae_lambda", "tau")
 PROGRESS_SECONDS, CONSOLE_SECONDS = 1.0, 10.0  # the bar's refresh and fps log; a progress line off a terminal
 QUIET_WARNINGS = (r".*The environment \S+-v4 is out of date", r"Using lock_\(\) inside a compiled graph",
-                  r"TensorFloat32 tensor cores")  # fmt: skip
+                  r"TensorFloat32 tensor cores", r"The AccumulateGrad node's stream does not match")  # fmt: skip
 
 
 def fail(message):
@@ -734,10 +734,10 @@ class Run:
 
     def on_signal(self, signum, frame):
         """In the loop: stop as the next unit begins, never inside a compilation or a graph capture. The same stop
-        can come twice at once (`timeout` signals its command, then the command's process group): a second signal
-        within a second is that one; a later one, or one before the loop, stops at once."""
+        can come twice at once (`timeout` signals its command, then the command's process group), its second
+        handling delayed by a blocking call: a second signal within 3 s is that one; a later one stops at once."""
         first, now = self.signal is None, time.monotonic()
-        if not first and now - self.t_signal < 1.0:
+        if not first and now - self.t_signal < 3.0:
             return
         self.signal, self.t_signal = signum, now
         if first and self.state is not None:
