@@ -744,8 +744,9 @@ def parse_args(script, argv):
 
 def check_outputs(args, script):
     """Before the run: every output writable, and no other run's checkpoint overwritten."""
-    folders = {"--save-dir": args.save_dir, "--profile-dir": args.profile_dir, "runs": args.tensorboard and "runs",
-               "videos": getattr(args, "capture_video", False) and "videos", "--speed-log": args.speed_log and os.path.dirname(os.path.abspath(args.speed_log))}  # fmt: skip
+    speed_log_folder = args.speed_log and os.path.dirname(os.path.abspath(args.speed_log))
+    folders = {"--save-dir": args.save_dir, "--profile-dir": args.profile_dir, "--speed-log": speed_log_folder,
+               "runs": args.tensorboard and "runs", "videos": getattr(args, "capture_video", False) and "videos"}
     for option, folder in folders.items():
         try:
             if folder:
@@ -755,7 +756,8 @@ def check_outputs(args, script):
         except OSError as e:
             fail(f"{option} {folder} cannot be written: {e.strerror or e}")
     existing = args.save_dir and checkpoint_file(args.save_dir, script)
-    if existing and os.path.exists(existing) and not (args.resume and os.path.samefile(checkpoint_file(args.resume, script), existing)):
+    resumed = args.resume and checkpoint_file(args.resume, script)
+    if existing and os.path.exists(existing) and not (resumed and os.path.samefile(resumed, existing)):
         fail(f"--save-dir {args.save_dir} holds another run's checkpoint: --resume it, or pass another --save-dir")
 
 
@@ -789,11 +791,12 @@ def load_state(state, saved, name="state"):
             return state.load_state_dict(saved)
         # capturable (--cudagraphs) is this run's; a tensor in a group (a learning rate on the device) stays the one
         # that graphs hold, with the saved value.
-        kept = [{key: value for key, value in now.items() if isinstance(value, torch.Tensor)} for now in state.param_groups]
-        groups = zip(saved["param_groups"], state.param_groups)
-        state.load_state_dict({**saved, "param_groups": [{**g, "capturable": now.get("capturable", False)} for g, now in groups]})
-        for group, tensors in zip(state.param_groups, kept):
-            group.update({key: tensor.copy_(torch.as_tensor(group[key])) for key, tensor in tensors.items()})
+        now = state.param_groups
+        tensors = [{key: value for key, value in g.items() if isinstance(value, torch.Tensor)} for g in now]
+        groups = [{**g, "capturable": n.get("capturable", False)} for g, n in zip(saved["param_groups"], now)]
+        state.load_state_dict({**saved, "param_groups": groups})
+        for group, kept in zip(state.param_groups, tensors):
+            group.update({key: tensor.copy_(torch.as_tensor(group[key])) for key, tensor in kept.items()})
     except (RuntimeError, ValueError, KeyError) as e:  # another network or env size than the checkpoint's
         fail(f"--resume: the checkpoint's {name} does not fit this run: {str(e).splitlines()[0]}")
 
@@ -823,8 +826,8 @@ class ScalarLog:
             import wandb
 
             try:
-                self.wandb = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
-                                        name=run_name, sync_tensorboard=True, settings=wandb.Settings(silent=True))  # fmt: skip
+                self.wandb = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, name=run_name,
+                                        config=vars(args), sync_tensorboard=True, settings=wandb.Settings(silent=True))
             except Exception as e:  # no `wandb login`, WANDB_API_KEY or WANDB_MODE=offline; no network
                 fail(f"--track: wandb did not start: {str(e).splitlines()[0]}")
         if args.tensorboard:
@@ -854,7 +857,8 @@ class SpeedWindow:
     compilation, graph capture) to the end of the loop, less the seconds spent saving."""
 
     def __init__(self, first_step, opens_at):
-        self.first_step, self.opens_at, self.t_loop, self.t_open, self.paused = first_step, opens_at, time.perf_counter(), None, 0.0
+        self.first_step, self.opens_at, self.t_open, self.paused = first_step, opens_at, None, 0.0
+        self.t_loop = time.perf_counter()
 
     def opens(self, step):
         if self.t_open is None and step >= self.opens_at:
@@ -923,12 +927,16 @@ class Run:
             set_rng_states(self.checkpoint["rng"])
             first_step, returns, self.curve = (self.checkpoint[key] for key in ("global_step", "returns", "curve"))
             if first_step >= total_steps:
-                fail(f"--resume {self.args.resume}: that run is finished ({first_step} env steps); pass a larger --total-timesteps")
-            print(f"resuming at env step {first_step}, episodes restarted; saving to {self.args.save_dir}", file=sys.stderr)
+                fail(f"--resume {self.args.resume}: that run is finished ({first_step} env steps); "
+                     "pass a larger --total-timesteps")  # fmt: skip
+            print(f"resuming at env step {first_step}, episodes restarted; saving to {self.args.save_dir}",
+                  file=sys.stderr)  # fmt: skip
         self.state, self.steps, self.total_steps, self.profile_steps = state, first_step, total_steps, profile_steps
-        self.env_steps_per_call, self.returns, self.next_save = env_steps_per_call, deque(returns, maxlen=20), self.save_due(first_step)
+        self.env_steps_per_call, self.returns = env_steps_per_call, deque(returns, maxlen=20)
+        self.next_save = self.save_due(first_step)
         self.scalars = ScalarLog(self.args, self.run_name)  # now that the env and networks are made: no empty run
-        self.window, self.t_shown, self.t_line = SpeedWindow(first_step, max(warmup_from, first_step) + warmup_steps), 0.0, 0.0
+        self.window = SpeedWindow(first_step, max(warmup_from, first_step) + warmup_steps)
+        self.t_shown = self.t_line = 0.0
         # A bar on a terminal; elsewhere (logs, CI) a line every CONSOLE_SECONDS.
         self.bar = tqdm.tqdm(total=total_steps, initial=first_step, unit="step", unit_scale=True, disable=None)
         return first_step
@@ -1018,9 +1026,9 @@ class Run:
             print(f"episode {len(done)}: return {done[-1]:.2f}", flush=True)
             if len(done) == self.args.eval_episodes:
                 break
-        record = {"script": self.script, "env_id": self.args.env_id,
-                  "checkpoint": checkpoint_file(self.args.eval_checkpoint, self.script), "episodes": len(done),
-                  "mean": round(float(np.mean(done)), 2), "std": round(float(np.std(done)), 2), "returns": done}  # fmt: skip
+        record = {"script": self.script, "env_id": self.args.env_id, "episodes": len(done),
+                  "checkpoint": checkpoint_file(self.args.eval_checkpoint, self.script),
+                  "mean": round(float(np.mean(done)), 2), "std": round(float(np.std(done)), 2), "returns": done}
         print(json.dumps(record), flush=True)
         return record
 
