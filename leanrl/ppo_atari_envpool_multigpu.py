@@ -387,7 +387,7 @@ def train(args, run):
             if world_size > 1:
                 agree_to_stop(run, device)
     envs.close()
-    if world_size > 1:
+    if dist.is_initialized():  # one rank under torchrun too: it leaves the process group
         rank_fps = (global_step - first_step) / world_size / (time.perf_counter() - t_loop)
         check_ranks_agree(agent.network, global_step, rank_fps)
 
