@@ -1151,10 +1151,10 @@ def parse_args(script, argv):
         args.save_dir = (save_dir or os.path.dirname(os.path.abspath(path))) if args.resume else None
     for name, value in asdict(args).items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not (math.isfinite(value) and value >= 0 and (value > 0 or name not in POSITIVE)):
-                fail(f"--{name.replace('_', '-')} {value} must be {'positive' if name in POSITIVE else '0 or more'}")
             if name in FRACTIONS and not 0 < value <= 1:
                 fail(f"--{name.replace('_', '-')} {value} must be in (0, 1]")
+            if not (math.isfinite(value) and value >= 0 and (value > 0 or name not in POSITIVE)):
+                fail(f"--{name.replace('_', '-')} {value} must be {'positive' if name in POSITIVE else '0 or more'}")
     if args.save_every and not args.save_dir:
         fail(f"--save-every {args.save_every} needs --save-dir")
     if args.track and not args.tensorboard:
