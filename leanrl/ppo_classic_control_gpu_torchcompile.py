@@ -1118,8 +1118,10 @@ POSITIVE = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "upda
             "train_frequency", "eval_episodes", "target_kl", "max_grad_norm")  # fmt: skip
 FRACTIONS = ("gamma", "gae_lambda", "tau")
 PROGRESS_SECONDS, CONSOLE_SECONDS = 1.0, 10.0  # the bar's refresh and fps log; a progress line off a terminal
+# Notes that are not the user's concern; the last: the episode an evaluation leaves unfinished is not recorded.
 QUIET_WARNINGS = (r".*The environment \S+-v4 is out of date", r"Using lock_\(\) inside a compiled graph",
-                  r"TensorFloat32 tensor cores", r"The AccumulateGrad node's stream does not match")  # fmt: skip
+                  r"TensorFloat32 tensor cores", r"The AccumulateGrad node's stream does not match",
+                  r".*Unable to save last video")  # fmt: skip
 
 
 def fail(message):
