@@ -181,7 +181,7 @@ def tensorboard_scalars(name, env_id="HalfCheetah-v4"):
 def run_interrupted(name, argv, at_step, capsys, monkeypatch):
     """Ctrl-C once the loop has done at_step env steps (before its fps window opens): main() still returns the speed
     record, which says it was interrupted and covers the steps done, and a second Ctrl-C is ignored until the
-    record is out. This process's SIGINT handler, which the script leaves ignoring, is put back."""
+    record is out. This process's SIGINT and SIGTERM handlers, which the script leaves ignoring, are put back."""
     run = load_script(name).Run
     tick = run.tick
 
@@ -192,12 +192,13 @@ def run_interrupted(name, argv, at_step, capsys, monkeypatch):
         return shown
 
     monkeypatch.setattr(run, "tick", interrupting_tick)
-    handler = signal.getsignal(signal.SIGINT)
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         record, err = run_main_stderr(name, argv, capsys, interrupted=True)
-        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGINT) is signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
     finally:
-        signal.signal(signal.SIGINT, handler)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
     assert record["total_timesteps"] == at_step and record["steady"] is False
     assert f"interrupted after {at_step} env steps" in err
     return record

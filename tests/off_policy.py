@@ -6,8 +6,6 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Callable
 
-import signal
-
 import gymnasium as gym
 import numpy as np
 import torch
@@ -19,8 +17,8 @@ from helpers import (
     assert_trace_phases,
     load_script,
     run_bad_input,
+    run_interrupted,
     run_main,
-    run_main_stderr,
     run_mode,
     tensorboard_scalars,
 )
@@ -384,29 +382,10 @@ def check_stores_the_baseline_transitions(algo, monkeypatch, capsys):
 
 
 def check_interrupted(name, capsys, monkeypatch):
-    """Ctrl-C in the middle of the random steps: the record covers the 40 steps done and says it was cut short, and
-    the signals stay ignored until the record is out. --torch-threads takes effect (run_main checks the record's
-    count; a run without updates, so that two threads on a busy machine cost nothing). This process's handlers,
-    which the script leaves ignoring, are put back."""
-    run, at_step = load_script(name).Run, 40
-    tick = run.tick
-
-    def interrupting_tick(self, step):
-        shown = tick(self, step)
-        if step >= at_step:
-            raise KeyboardInterrupt
-        return shown
-
-    monkeypatch.setattr(run, "tick", interrupting_tick)
-    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        record, err = run_main_stderr(name, TINY + ["--no-tensorboard", "--torch-threads", "2"], capsys, True)
-        assert signal.getsignal(signal.SIGINT) is signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
-    finally:
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
-    assert record["total_timesteps"] == at_step and record["steady"] is False
-    assert f"interrupted after {at_step} env steps" in err
+    """Ctrl-C in the middle of the random steps: the record covers the 40 steps done and says it was cut short.
+    --torch-threads takes effect (run_main checks the record's count; a run without updates, so that two threads on
+    a busy machine cost nothing)."""
+    run_interrupted(name, TINY + ["--no-tensorboard", "--torch-threads", "2"], 40, capsys, monkeypatch)
 
 
 def check_num_envs_update_path(algo, name, mode, monkeypatch, capsys):

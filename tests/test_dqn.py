@@ -3,7 +3,6 @@ twin-vs-baseline equivalence of the update, the target update and the greedy pol
 baseline does before learning starts, the epsilon schedule, a learning test on CartPole, a training video, Ctrl-C
 and bad input."""
 
-import signal
 from pathlib import Path
 
 import numpy as np
@@ -55,15 +54,6 @@ BAD_INPUT = [
     (["--gamma", "2"], ["--gamma"]),
     (["--total-timesteps", "1000"], ["--learning-starts", "--total-timesteps"]),
 ]
-
-
-@pytest.fixture(autouse=True)
-def signal_handlers():
-    """A run leaves SIGINT and SIGTERM ignored (nothing cuts its record short): put this process's back."""
-    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-    yield
-    for signum, handler in handlers.items():
-        signal.signal(signum, handler)
 
 
 def test_baseline_update_path(tmp_path, monkeypatch, capsys):

@@ -5,6 +5,7 @@ with other arguments ends the run with one error line; resumed ranks draw apart;
 is the single-GPU script."""
 
 import datetime
+import functools
 import io
 import json
 import os
@@ -182,6 +183,18 @@ def loss_of(network, obs, actions):
     return (value.squeeze(1) ** 2 - logprob - 0.01 * entropy).mean()
 
 
+def updated_on_whole_and_half(rank, script, args, make_agent, minibatch):
+    """[(agent, stats)] of a twin's update, from the same start, on the whole minibatch and on this rank's half."""
+    results = []
+    for part in (slice(None), slice(rank * FRAMES // 2, (rank + 1) * FRAMES // 2)):
+        torch.manual_seed(0)
+        agent = make_agent()
+        _, update, _, stats = script.make_update_fns(agent, args)
+        update(*(tensor[part] for tensor in minibatch))
+        results.append((agent, stats))
+    return results
+
+
 def classic_update_is_the_whole_batch_update(rank):
     """The GPU classic-control twin in a process group: its update (the captured backward, the all-reduce of the
     flat gradient buffer, the captured step) on this rank's half of a minibatch gives the parameters and the loss
@@ -196,16 +209,9 @@ def classic_update_is_the_whole_batch_update(rank):
     logprobs = torch.full((FRAMES,), -0.7) + torch.rand(FRAMES, generator=generator) * 0.2
     advantages, returns, values = torch.randn(3, FRAMES, generator=generator)
     minibatch = (obs, actions, logprobs, advantages, returns, values)
-    half = slice(rank * FRAMES // 2, (rank + 1) * FRAMES // 2)
-    results = []
-    for part in (slice(None), half):
-        torch.manual_seed(0)
-        agent = classic.Agent(args, n_obs, n_act, torch.device("cpu"))
-        assert agent.grads is not None, "in a process group the gradients are views of one flat buffer"
-        _, update, _, stats = classic.make_update_fns(agent, args)
-        update(*(tensor[part] for tensor in minibatch))
-        results.append((agent, stats))
-    (whole, whole_stats), (halves, halves_stats) = results
+    make_agent = functools.partial(classic.Agent, args, n_obs, n_act, torch.device("cpu"))
+    (whole, whole_stats), (halves, halves_stats) = updated_on_whole_and_half(rank, classic, args, make_agent, minibatch)
+    assert halves.grads is not None, "in a process group the gradients are views of one flat buffer"
     for p_whole, p_halves in zip(whole.net.parameters(), halves.net.parameters()):
         torch.testing.assert_close(p_halves, p_whole, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(halves.grads, whole.grads, rtol=1e-4, atol=1e-6)
@@ -222,15 +228,8 @@ def atari_update_is_the_whole_batch_update(rank, obs, actions):
     logprobs = torch.full((FRAMES,), -1.4) + torch.rand(FRAMES, generator=generator) * 0.2
     advantages, returns, values = torch.randn(3, FRAMES, generator=generator)
     minibatch = (obs, actions, logprobs, advantages, returns, values)
-    half = slice(rank * FRAMES // 2, (rank + 1) * FRAMES // 2)
-    agents = []
-    for part in (slice(None), half):
-        torch.manual_seed(0)
-        agent = fast.Agent(args, N_ACT, "cpu")
-        _, update, _, _ = fast.make_update_fns(agent, args)
-        update(*(tensor[part] for tensor in minibatch))
-        agents.append(agent)
-    whole, halves = agents
+    make_agent = functools.partial(fast.Agent, args, N_ACT, "cpu")
+    (whole, _), (halves, _) = updated_on_whole_and_half(rank, fast, args, make_agent, minibatch)
     torch.testing.assert_close(halves.grads, whole.grads, rtol=1e-4, atol=1e-6)
     for p_whole, p_halves in zip(whole.network.parameters(), halves.network.parameters()):
         torch.testing.assert_close(p_halves, p_whole, rtol=1e-4, atol=1e-6)

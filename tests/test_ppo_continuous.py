@@ -23,8 +23,8 @@ from helpers import (
     requires_cuda,
     run_bad_input,
     run_cli,
+    run_interrupted,
     run_main,
-    run_main_stderr,
     run_mode,
     tensorboard_scalars,
 )
@@ -310,18 +310,7 @@ def test_learns_inverted_pendulum(name, capsys):
 def test_ctrl_c_ends_with_the_record(name, capsys, monkeypatch):
     """Ctrl-C within the first rollout (KeyboardInterrupt, as from a second Ctrl-C): the record covers the 100 env
     steps done and says it was cut short."""
-    run, tick = load_script(name).Run, load_script(name).Run.tick
-
-    def interrupting_tick(self, step):
-        shown = tick(self, step)
-        if step >= 100:
-            raise KeyboardInterrupt
-        return shown
-
-    monkeypatch.setattr(run, "tick", interrupting_tick)
-    record, err = run_main_stderr(name, TINY + ["--no-tensorboard"], capsys, interrupted=True)
-    assert record["total_timesteps"] == 100 and record["steady"] is False
-    assert "interrupted after 100 env steps" in err
+    run_interrupted(name, TINY + ["--no-tensorboard"], 100, capsys, monkeypatch)
 
 
 def normalization(envs):
