@@ -88,8 +88,6 @@ WARMUP_STEPS = 2000
 PROFILE_STEPS = 500
 # The statistics of an update, in the order they are logged.
 STATS = ("td_loss", "q_values")
-# The replay buffer's arrays, as a checkpoint holds them.
-BUFFER_ARRAYS = ("obs", "next_obs", "actions", "rewards", "dones")
 
 
 def check_args(args):
@@ -154,44 +152,6 @@ def linear_schedule(start_e, end_e, duration, t):
     return max(slope * t + start_e, end_e)
 
 
-class ReplayBuffer:
-    """Transitions in numpy arrays on the host, sampled uniformly with replacement."""
-
-    def __init__(self, size, n_obs, device):
-        self.obs = np.zeros((size, n_obs), dtype=np.float32)
-        self.next_obs = np.zeros((size, n_obs), dtype=np.float32)
-        self.actions = np.zeros(size, dtype=np.int64)
-        self.rewards = np.zeros(size, dtype=np.float32)
-        self.dones = np.zeros(size, dtype=np.float32)
-        self.max_size, self.ptr, self.size, self.device = size, 0, 0, device
-
-    def add(self, obs, next_obs, action, reward, done):
-        self.obs[self.ptr] = obs
-        self.next_obs[self.ptr] = next_obs
-        self.actions[self.ptr] = action
-        self.rewards[self.ptr] = reward
-        self.dones[self.ptr] = done
-        self.ptr = (self.ptr + 1) % self.max_size
-        self.size = min(self.size + 1, self.max_size)
-
-    def sample(self, batch_size):
-        idx = np.random.randint(0, self.size, size=batch_size)
-        return tuple(
-            torch.as_tensor(a[idx], device=self.device)
-            for a in (self.obs, self.actions, self.rewards, self.next_obs, self.dones)
-        )
-
-    def state_dict(self):
-        """What a checkpoint keeps: the arrays (as tensors that share their memory), the write position, the size."""
-        arrays = {name: torch.from_numpy(getattr(self, name)) for name in BUFFER_ARRAYS}
-        return {**arrays, "ptr": self.ptr, "size": self.size}
-
-    def load_state_dict(self, state):
-        for name in BUFFER_ARRAYS:
-            getattr(self, name)[:] = state[name].numpy()
-        self.ptr, self.size = state["ptr"], state["size"]
-
-
 class Agent:
     """The Q network, its target and the optimizer DQN trains."""
 
@@ -234,7 +194,11 @@ def train(args, run):
     n_obs = int(np.prod(envs.single_observation_space.shape))
     agent = Agent(args, n_obs, int(envs.single_action_space.n), device)
     update, update_target = make_update_fns(agent, args)
-    rb = ReplayBuffer(args.buffer_size, n_obs, device)
+    # The replay buffer, uniform with replacement: a CPU tensor per field, written through numpy. One transition
+    # per step (one env): step t writes row t % buffer_size.
+    rb = {"obs": torch.zeros(args.buffer_size, n_obs), "actions": torch.zeros(args.buffer_size, dtype=torch.long),
+          "rewards": torch.zeros(args.buffer_size), "next_obs": torch.zeros(args.buffer_size, n_obs),
+          "dones": torch.zeros(args.buffer_size)}  # fmt: skip
     stats = {name: torch.zeros((), device=device) for name in STATS}  # the latest update's, logged every second
     state = {"q_network": agent.q_network, "target_network": agent.target_network, "optimizer": agent.optimizer,
              "rb": rb, "stats": stats}  # fmt: skip
@@ -266,15 +230,17 @@ def train(args, run):
                     real_next_obs[i] = infos["final_obs"][i]
                     episode = infos["final_info"]["episode"]
                     run.episode(global_step, episode["r"][i], episode["l"][i])
-            rb.add(obs[0], real_next_obs[0], actions[0], rewards[0], terminations[0])
+            for field, value in zip(rb.values(), (obs[0], actions[0], rewards[0], real_next_obs[0], terminations[0])):
+                field.numpy()[global_step % args.buffer_size] = value
             obs = next_obs
 
         if global_step > args.learning_starts:
             if global_step % args.train_frequency == 0:
                 with phase("data"):
-                    obs_b, actions_b, rewards_b, next_obs_b, dones_b = rb.sample(args.batch_size)
+                    idx = np.random.randint(0, min(global_step + 1, args.buffer_size), size=args.batch_size)
+                    batch = [field[idx].to(device) for field in rb.values()]  # obs, actions, rewards, next_obs, dones
                 with phase("update"):
-                    stats.update(update(obs_b, actions_b, rewards_b, next_obs_b, dones_b))
+                    stats.update(update(*batch))
             if global_step % args.target_network_frequency == 0:
                 with phase("update"):
                     update_target()

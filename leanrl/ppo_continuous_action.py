@@ -1,5 +1,6 @@
 # PPO for continuous actions, as CleanRL defines it, in plain eager PyTorch.
 # Docs: docs/ppo_continuous.md
+import functools
 import os
 import random
 from dataclasses import dataclass
@@ -86,10 +87,8 @@ class Args:
     # ---- end of run options ----
 
 
-# Iterations that count as warm-up: the fps window starts after them.
-WARMUP_ITERATIONS = 2
-# Iterations profiled with --profile-dir, at the start of the steady window.
-PROFILE_ITERATIONS = 1
+WARMUP_ITERATIONS = 2  # iterations before the fps window opens
+PROFILE_ITERATIONS = 1  # iterations that --profile-dir profiles, as the window opens
 # The statistics of a minibatch update, in the order they are logged.
 STATS = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "grad_norm")
 
@@ -104,43 +103,32 @@ def check_args(args):
         fail(f"--total-timesteps {args.total_timesteps} is below one rollout, {batch}")
 
 
-def make_env(env_id, gamma, video=None):
-    """video: (folder, which episodes) to record, or None."""
+def make_envs(args, num_envs, video=None):
+    """num_envs envs with CleanRL's wrappers, reset in the same step; env 0 records video: (folder, which episodes)."""
 
-    def thunk():
-        env = gym.make(env_id) if video is None else gym.make(env_id, render_mode="rgb_array")
+    def make_env(video):
+        env = gym.make(args.env_id, render_mode="rgb_array" if video else None)
         if not isinstance(env.action_space, gym.spaces.Box):
-            fail(f"--env-id {env_id} has a {type(env.action_space).__name__} action space; PPO continuous needs a Box")
-        if video is not None:
+            fail(f"--env-id {args.env_id} has {type(env.action_space).__name__} actions; PPO continuous needs a Box")
+        if video:
             env = gym.wrappers.RecordVideo(env, video[0], episode_trigger=video[1], disable_logger=True)
         env = gym.wrappers.FlattenObservation(env)  # deal with dm_control's Dict observation space
-        # Before the reward wrappers, so that episode returns are the environment's own.
-        env = gym.wrappers.RecordEpisodeStatistics(env)
+        env = gym.wrappers.RecordEpisodeStatistics(env)  # before the reward wrappers: the env's own returns
         env = gym.wrappers.ClipAction(env)
         env = gym.wrappers.NormalizeObservation(env)
         env = gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)
-        env = gym.wrappers.NormalizeReward(env, gamma=gamma)
-        env = gym.wrappers.TransformReward(env, lambda reward: np.clip(reward, -10, 10))
-        return env
+        env = gym.wrappers.NormalizeReward(env, gamma=args.gamma)
+        return gym.wrappers.TransformReward(env, lambda reward: np.clip(reward, -10, 10))
 
-    return thunk
-
-
-def make_envs(args, num_envs, video=None):
-    """num_envs envs that reset in the same step, so the true final observation comes in infos; env 0 records
-    the video, as in CleanRL."""
     try:
-        return gym.vector.SyncVectorEnv(
-            [make_env(args.env_id, args.gamma, video if i == 0 else None) for i in range(num_envs)],
-            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-        )
+        thunks = [functools.partial(make_env, video if i == 0 else None) for i in range(num_envs)]
+        return gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     except gym.error.Error as e:
         fail(f"--env-id {args.env_id}: {e}")
 
 
 class NormalizationStats:
-    """The running mean and variance of each env's NormalizeObservation and NormalizeReward, in a checkpoint: the
-    policy acts on observations normalised with them, so it is meaningless without them (evaluation uses env 0's)."""
+    """Each env's running observation and return statistics, in checkpoints: they normalise the policy's inputs."""
 
     def __init__(self, envs):
         self.stats = [env.get_wrapper_attr(name) for env in envs.envs for name in ("obs_rms", "return_rms")]
@@ -166,29 +154,20 @@ class ActorCritic(nn.Module):
     def __init__(self, n_obs, n_act, device=None):
         super().__init__()
         self.critic = nn.Sequential(
-            layer_init(nn.Linear(n_obs, 64, device=device)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 64, device=device)),
-            nn.Tanh(),
+            layer_init(nn.Linear(n_obs, 64, device=device)), nn.Tanh(),
+            layer_init(nn.Linear(64, 64, device=device)), nn.Tanh(),
             layer_init(nn.Linear(64, 1, device=device), std=1.0),
-        )
+        )  # fmt: skip
         self.actor_mean = nn.Sequential(
-            layer_init(nn.Linear(n_obs, 64, device=device)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 64, device=device)),
-            nn.Tanh(),
+            layer_init(nn.Linear(n_obs, 64, device=device)), nn.Tanh(),
+            layer_init(nn.Linear(64, 64, device=device)), nn.Tanh(),
             layer_init(nn.Linear(64, n_act, device=device), std=0.01),
-        )
+        )  # fmt: skip
         self.actor_logstd = nn.Parameter(torch.zeros(1, n_act, device=device))
-
-    def get_value(self, x):
-        return self.critic(x)
 
     def get_action_and_value(self, x, action=None):
         action_mean = self.actor_mean(x)
-        action_logstd = self.actor_logstd.expand_as(action_mean)
-        action_std = torch.exp(action_logstd)
-        probs = Normal(action_mean, action_std)
+        probs = Normal(action_mean, self.actor_logstd.expand_as(action_mean).exp())
         if action is None:
             action = probs.sample()
         return action, probs.log_prob(action).sum(1), probs.entropy().sum(1), self.critic(x)
@@ -207,17 +186,11 @@ class Rollout:
 
 
 class Agent:
-    """The networks PPO trains and their optimizer."""
+    """The network PPO trains and its optimizer."""
 
     def __init__(self, args, n_obs, n_act, device):
         self.net = ActorCritic(n_obs, n_act, device=device)
         self.optimizer = optim.Adam(self.net.parameters(), lr=args.learning_rate, eps=1e-5)
-
-    def set_learning_rate(self, lr):
-        self.optimizer.param_groups[0]["lr"] = lr
-
-    def learning_rate(self):
-        return self.optimizer.param_groups[0]["lr"]
 
 
 def bootstrap_truncated(agent, reward, terminations, truncations, infos, gamma, device):
@@ -228,7 +201,7 @@ def bootstrap_truncated(agent, reward, terminations, truncations, infos, gamma, 
         return reward
     final_obs = torch.as_tensor(np.stack(infos["final_obs"][truncated]), dtype=torch.float32, device=device)
     with torch.no_grad():
-        final_value = agent.net.get_value(final_obs).flatten().cpu().numpy()
+        final_value = agent.net.critic(final_obs).flatten().cpu().numpy()
     reward = reward.copy()
     reward[truncated] += gamma * final_value
     return reward
@@ -240,18 +213,14 @@ def make_update_fns(agent, args):
     def gae(next_obs, next_done, rewards, values, dones):
         """Advantages and returns; dones[t] says whether obs[t] starts a new episode."""
         with torch.no_grad():
-            next_value = agent.net.get_value(next_obs).reshape(1, -1)
+            nextnonterminal = 1.0 - torch.cat([dones[1:], next_done[None]])
+            nextvalues = torch.cat([values[1:], agent.net.critic(next_obs).reshape(1, -1)])
+            delta = rewards + args.gamma * nextvalues * nextnonterminal - values
+            coef = args.gamma * args.gae_lambda * nextnonterminal
             advantages = torch.zeros_like(rewards)
             lastgaelam = 0
             for t in reversed(range(args.num_steps)):
-                if t == args.num_steps - 1:
-                    nextnonterminal = 1.0 - next_done
-                    nextvalues = next_value
-                else:
-                    nextnonterminal = 1.0 - dones[t + 1]
-                    nextvalues = values[t + 1]
-                delta = rewards[t] + args.gamma * nextvalues * nextnonterminal - values[t]
-                advantages[t] = lastgaelam = delta + args.gamma * args.gae_lambda * nextnonterminal * lastgaelam
+                advantages[t] = lastgaelam = delta[t] + coef[t] * lastgaelam
             returns = advantages + values
         return advantages, returns
 
@@ -260,22 +229,15 @@ def make_update_fns(agent, args):
         _, newlogprob, entropy, newvalue = agent.net.get_action_and_value(obs, actions)
         logratio = newlogprob - logprobs
         ratio = logratio.exp()
-
-        with torch.no_grad():
-            # calculate approx_kl http://joschu.net/blog/kl-approx.html
+        with torch.no_grad():  # calculate approx_kl http://joschu.net/blog/kl-approx.html
             old_approx_kl = (-logratio).mean()
             approx_kl = ((ratio - 1) - logratio).mean()
             clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
-
         if args.norm_adv:
             advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-
-        # Policy loss
         pg_loss1 = -advantages * ratio
         pg_loss2 = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
         pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
-        # Value loss
         newvalue = newvalue.view(-1)
         if args.clip_vloss:
             v_loss_unclipped = (newvalue - returns) ** 2
@@ -284,10 +246,8 @@ def make_update_fns(agent, args):
             v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
         else:
             v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
-
         entropy_loss = entropy.mean()
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-
         agent.optimizer.zero_grad()
         loss.backward()
         grad_norm = nn.utils.clip_grad_norm_(agent.net.parameters(), args.max_grad_norm)
@@ -318,8 +278,7 @@ def train(args, run):
                             warmup_steps=WARMUP_ITERATIONS * batch_size, profile_steps=PROFILE_ITERATIONS * batch_size)
 
     # After run.start: a resumed run's first observations are normalised with its restored statistics.
-    next_obs, _ = envs.reset(seed=args.seed)
-    next_obs = torch.Tensor(next_obs).to(device)
+    next_obs = torch.Tensor(envs.reset(seed=args.seed)[0]).to(device)
     next_done = torch.zeros(args.num_envs, device=device)
     # A checkpoint is written as an iteration begins: a resumed run goes on with the iteration after its steps.
     for iteration in range(global_step // batch_size + 1, num_iterations + 1):
@@ -327,13 +286,12 @@ def train(args, run):
         with phase("update"):
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / num_iterations
-                agent.set_learning_rate(frac * args.learning_rate)
+                agent.optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
         for step in range(args.num_steps):
             global_step += args.num_envs
-            with phase("policy"):
-                with torch.no_grad():
-                    action, logprob, _, value = agent.net.get_action_and_value(next_obs)
+            with phase("policy"), torch.no_grad():
+                action, logprob, _, value = agent.net.get_action_and_value(next_obs)
             with phase("data"):
                 rollout.obs[step] = next_obs
                 rollout.dones[step] = next_done
@@ -356,18 +314,9 @@ def train(args, run):
 
         with phase("update"):
             advantages, rets = gae(next_obs, next_done, rollout.rewards, rollout.values, rollout.dones)
-
-        # flatten the batch: obs, actions, logprobs, advantages, returns, values
-        batch = (
-            rollout.obs.reshape((-1, n_obs)),
-            rollout.actions.reshape((-1, n_act)),
-            rollout.logprobs.reshape(-1),
-            advantages.reshape(-1),
-            rets.reshape(-1),
-            rollout.values.reshape(-1),
-        )
-
-        # Optimizing the policy and value network
+        # the batch, each env's steps one after another: obs, actions, logprobs, advantages, returns, values
+        batch = (rollout.obs, rollout.actions, rollout.logprobs, advantages, rets, rollout.values)
+        batch = [x.flatten(0, 1) for x in batch]
         b_inds = np.arange(batch_size)
         for epoch in range(args.update_epochs):
             with phase("data"):
@@ -380,19 +329,17 @@ def train(args, run):
             if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
                 break
 
-        with phase("other"):
-            # On the device, so that it is read back with the statistics, in one sync.
+        with phase("other"):  # explained variance on the device: read back with the statistics, in one sync
             var_y = batch[-2].var(correction=0)
             explained_var = torch.where(var_y == 0, torch.nan, 1 - (batch[-2] - batch[-1]).var(correction=0) / var_y)
             scalars = {f"losses/{name}": stats[name] for name in STATS}
-            scalars.update({"losses/explained_variance": explained_var, "charts/learning_rate": agent.learning_rate()})
-            run.log(global_step, scalars)
+            lr = agent.optimizer.param_groups[0]["lr"]
+            run.log(global_step, {**scalars, "losses/explained_variance": explained_var, "charts/learning_rate": lr})
     envs.close()
 
 
 def evaluate(args, run, saved):
-    """The saved policy's deterministic action (its mean) on one fresh env, whose video (with --capture-video)
-    records every episode; observations normalised with env 0's saved statistics, frozen."""
+    """The saved policy's mean action on a fresh env, observations normalised with env 0's saved statistics, frozen."""
     envs = make_envs(args, 1, run.video_folder and (run.video_folder, lambda episode: episode < args.eval_episodes))
     net = ActorCritic(envs.single_observation_space.shape[0], envs.single_action_space.shape[0], device=run.device)
     net.load_state_dict(saved["net"])

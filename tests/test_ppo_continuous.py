@@ -90,28 +90,30 @@ def test_target_kl_stops_epochs(name, target_kl, epochs, monkeypatch, capsys):
 
 @pytest.mark.parametrize("name", [BASE, FAST])
 def test_anneal_lr(name, monkeypatch, capsys):
-    """The learning rate falls linearly from --learning-rate towards zero, once per iteration, and TensorBoard gets
-    it, with every statistic of the iteration's last update; with --no-anneal-lr it stays."""
+    """The learning rate falls linearly from --learning-rate towards zero, once per iteration: every optimizer step
+    of an iteration uses that iteration's rate, and TensorBoard gets it, with every statistic of the iteration's last
+    update; with --no-anneal-lr it stays."""
     script = load_script(name)
-    rates = []
-    set_learning_rate = script.Agent.set_learning_rate
+    rates, step = [], script.optim.Adam.step
 
-    def recording(agent, lr):
-        rates.append(lr)
-        set_learning_rate(agent, lr)
+    def recording(optimizer, *args, **kwargs):
+        rates.append(float(optimizer.param_groups[0]["lr"]))
+        return step(optimizer, *args, **kwargs)
 
-    monkeypatch.setattr(script.Agent, "set_learning_rate", recording)
+    monkeypatch.setattr(script.optim.Adam, "step", recording)
     run_main(name, TINY + ["--learning-rate", "0.003"], capsys)
-    assert rates == pytest.approx([0.003 * (1 - i / ITERATIONS) for i in range(ITERATIONS)])
+    steps_per_iteration = 2 * NUM_ENVS * NUM_STEPS // MINIBATCH  # TINY's 2 epochs of its minibatches
+    schedule = [0.003 * (1 - i / ITERATIONS) for i in range(ITERATIONS)]
+    assert rates == pytest.approx([lr for lr in schedule for _ in range(steps_per_iteration)])
     scalars = tensorboard_scalars(name, "Pendulum-v1")
     iteration_ends = [(i + 1) * NUM_ENVS * NUM_STEPS for i in range(ITERATIONS)]
-    assert scalars["charts/learning_rate"] == [(step, pytest.approx(lr)) for step, lr in zip(iteration_ends, rates)]
+    assert scalars["charts/learning_rate"] == [(step, pytest.approx(lr)) for step, lr in zip(iteration_ends, schedule)]
     for stat in (*script.STATS, "explained_variance"):
         steps, values = zip(*scalars[f"losses/{stat}"])
         assert list(steps) == iteration_ends and np.isfinite(values).all(), stat
     rates.clear()
     run_main(name, TINY + ["--no-anneal-lr", "--no-tensorboard"], capsys)
-    assert rates == []
+    assert rates == [pytest.approx(script.Args.learning_rate)] * (ITERATIONS * steps_per_iteration)
 
 
 @pytest.mark.parametrize("name", [BASE, FAST])
@@ -140,8 +142,8 @@ def test_bootstrap_at_truncation(name):
     assert not torch.allclose(final_obs, torch.as_tensor(next_obs)), "next_obs is already the reset observation"
     with torch.no_grad():
         agent.net.critic[-1].bias.fill_(5.0)  # values clearly away from zero, still depending on the observation
-        final_value = agent.net.get_value(final_obs).flatten().numpy()
-        next_value = agent.net.get_value(torch.as_tensor(next_obs)).flatten().numpy()
+        final_value = agent.net.critic(final_obs).flatten().numpy()
+        next_value = agent.net.critic(torch.as_tensor(next_obs)).flatten().numpy()
     assert np.abs(final_value - next_value).min() > 1e-2
     out = script.bootstrap_truncated(agent, reward, terminations, truncations, infos, args.gamma, "cpu")
     np.testing.assert_allclose(out, reward + args.gamma * final_value, rtol=1e-6)
@@ -236,8 +238,8 @@ def check_update(compile, cudagraphs, device, updates=4, **kwargs):
         logprobs = logprobs + (torch.rand(MINIBATCH, generator=gen).to(device) - 0.5) * 0.6
         advantages, returns = torch.randn(2, MINIBATCH, generator=gen).to(device)
         minibatch = (obs, actions, logprobs, advantages, returns, values.flatten())
-        for agent in (agent_b, agent_f):
-            agent.set_learning_rate(1e-2 / (i + 1))
+        agent_b.optimizer.param_groups[0]["lr"] = 1e-2 / (i + 1)
+        agent_f.optimizer.param_groups[0]["lr"].fill_(1e-2 / (i + 1))  # the twin's: a device tensor, set in place
         stats_b = update_b(*minibatch)
         assert update_f(*minibatch) is None and list(stats_b) == list(stats_names)
         for name in stats_names:
