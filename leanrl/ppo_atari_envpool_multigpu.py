@@ -86,12 +86,8 @@ class Args:
     # ---- end of run options ----
 
 
-# Iterations that count as warm-up: the fps window starts after them.
-WARMUP_ITERATIONS = 3
-# Iterations profiled with --profile-dir, at the start of the steady window.
-PROFILE_ITERATIONS = 1
-# The statistics of a minibatch update, in the order they are logged.
-STATS = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
+WARMUP_ITERATIONS = 3  # iterations before the fps window opens; --profile-dir profiles the one after them
+STATS = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")  # logged in this order
 
 
 def check_args(args):
@@ -108,24 +104,18 @@ def check_args(args):
 
 
 def make_envs(env_id, num_envs, seed):
-    """envpool's Atari preprocessing: 4 stacked 84x84 gray frames, a life loss ends an episode for the
-    learner (episodic_life) and rewards are clipped to their sign (reward_clip)."""
+    """envpool's Atari preprocessing: 4 stacked 84x84 gray frames, episodic life, rewards clipped to their sign."""
     if env_id not in envpool.list_all_envs():
         fail(f"unknown env id {env_id!r}: not an envpool environment")
     if "episodic_life" not in envpool.make_spec(env_id).config._fields:
         fail(f"{env_id} is not an envpool Atari game")
-    return envpool.make(
-        env_id, env_type="gymnasium", num_envs=num_envs, episodic_life=True, reward_clip=True, seed=seed
-    )
+    return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, episodic_life=True,
+                        reward_clip=True)
 
 
 class EpisodeReturns:
-    """Returns of whole games, as a person would score them.
-
-    envpool reports the unclipped reward in info["reward"]. A game ends when it is over (info["terminated"],
-    no lives left) or at its time limit (truncated, after which envpool restarts the game); a lost life
-    ends an episode for the learner only. The step after any end is envpool's reset step, with reward 0.
-    """
+    """Whole games' unclipped returns (info["reward"]): a lost life ends an episode for the learner only; a game ends
+    at game over (info["terminated"]) or its time limit (truncated), and envpool's reset step then has reward 0."""
 
     def __init__(self, num_envs):
         self.running = np.zeros(num_envs)
@@ -201,8 +191,7 @@ class Agent:
 
 
 def average_gradients(parameters):
-    """Every rank's gradients replaced by their mean over the ranks, in one all-reduce: they are copied into one
-    flat buffer and back (CleanRL all-reduces each parameter, one call with its own latency per tensor)."""
+    """Every rank's gradients replaced by their mean over the ranks, through one flat buffer: one all-reduce."""
     grads = [p.grad for p in parameters]
     flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat)
@@ -216,19 +205,15 @@ def make_update_fns(agent, args):
 
     def gae(next_obs, next_done, rewards, values, dones):
         with torch.no_grad():
-            # bootstrap value if not done
-            next_value = agent.network.get_value(next_obs).reshape(1, -1)
+            next_value = agent.network.get_value(next_obs).reshape(1, -1)  # bootstrap value if not done
+            nextnonterminal = 1.0 - torch.cat([dones[1:], next_done[None]])
+            nextvalues = torch.cat([values[1:], next_value])
+            delta = rewards + args.gamma * nextvalues * nextnonterminal - values
+            c = args.gamma * args.gae_lambda * nextnonterminal
             advantages = torch.zeros_like(rewards)
             lastgaelam = 0
             for t in reversed(range(args.num_steps)):
-                if t == args.num_steps - 1:
-                    nextnonterminal = 1.0 - next_done
-                    nextvalues = next_value
-                else:
-                    nextnonterminal = 1.0 - dones[t + 1]
-                    nextvalues = values[t + 1]
-                delta = rewards[t] + args.gamma * nextvalues * nextnonterminal - values[t]
-                advantages[t] = lastgaelam = delta + args.gamma * args.gae_lambda * nextnonterminal * lastgaelam
+                advantages[t] = lastgaelam = delta[t] + c[t] * lastgaelam
             returns = advantages + values
         return advantages, returns
 
@@ -236,35 +221,26 @@ def make_update_fns(agent, args):
         _, newlogprob, entropy, newvalue = agent.network.get_action_and_value(obs, actions)
         logratio = newlogprob - logprobs
         ratio = logratio.exp()
-
         with torch.no_grad():
             # calculate approx_kl http://joschu.net/blog/kl-approx.html
             old_approx_kl = (-logratio).mean()
             approx_kl = ((ratio - 1) - logratio).mean()
             clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
-
         if args.norm_adv:
             advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-
         # Policy loss
         pg_loss1 = -advantages * ratio
         pg_loss2 = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
         pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
         # Value loss
         newvalue = newvalue.view(-1)
         if args.clip_vloss:
-            v_loss_unclipped = (newvalue - returns) ** 2
             v_clipped = values + torch.clamp(newvalue - values, -args.clip_coef, args.clip_coef)
-            v_loss_clipped = (v_clipped - returns) ** 2
-            v_loss_max = torch.max(v_loss_unclipped, v_loss_clipped)
-            v_loss = 0.5 * v_loss_max.mean()
+            v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
         else:
             v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
-
         entropy_loss = entropy.mean()
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-
         agent.optimizer.zero_grad()
         loss.backward()
         if dist.is_initialized():
@@ -281,7 +257,6 @@ def train(args, run):
     rank, world_size = world()
     # Sizes are per rank; global_step counts the env steps of all ranks, as --total-timesteps does.
     batch_size = args.num_envs * args.num_steps
-    minibatch_size = batch_size // args.num_minibatches
     steps_per_iteration = batch_size * world_size
     num_iterations = args.total_timesteps // steps_per_iteration
     # Each rank seeds its envs and its sampling apart; the parameters come from rank 0.
@@ -295,95 +270,71 @@ def train(args, run):
     gae, update = make_update_fns(agent, args)
     rollout = Rollout(args.num_steps, args.num_envs, envs.single_observation_space.shape, device)
     episodes = EpisodeReturns(args.num_envs)
-
-    next_obs, _ = envs.reset()
-    next_obs = torch.Tensor(next_obs).to(device)
+    next_obs = torch.Tensor(envs.reset()[0]).to(device)
     next_done = torch.zeros(args.num_envs, device=device)
     state = {"network": agent.network, "optimizer": agent.optimizer}
     # One env_step call on rank 0 stands for the same call on every rank, as global_step counts them all.
-    global_step = run.start(state, total_steps=num_iterations * steps_per_iteration,
-                            env_steps_per_call=args.num_envs * world_size,
+    global_step = run.start(state, total_steps=num_iterations * steps_per_iteration, profile_steps=steps_per_iteration,
                             warmup_steps=WARMUP_ITERATIONS * steps_per_iteration,
-                            profile_steps=PROFILE_ITERATIONS * steps_per_iteration)  # fmt: skip
+                            env_steps_per_call=args.num_envs * world_size)
     if world_size > 1:
         join_ranks(run, agent.network, args, global_step)
     first_step, t_loop = global_step, time.perf_counter()
     for iteration in range(global_step // steps_per_iteration + 1, num_iterations + 1):
         run.unit(global_step)
-        # Annealing the rate if instructed to do so.
         if args.anneal_lr:
             agent.optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate
-
         for step in range(args.num_steps):
             global_step += args.num_envs * world_size
             with phase("data"):
                 rollout.obs[step] = next_obs
                 rollout.dones[step] = next_done
-
             with phase("policy"):
                 with torch.no_grad():
                     action, logprob, _, value = agent.network.get_action_and_value(next_obs)
                 action_np = action.cpu().numpy()
-
             with phase("data"):
                 rollout.values[step] = value.flatten()
                 rollout.actions[step] = action
                 rollout.logprobs[step] = logprob
-
             with phase("env_step"):
                 next_obs, reward, terminations, truncations, info = envs.step(action_np)
-
             with phase("data"):
                 rollout.rewards[step] = torch.tensor(reward).to(device).view(-1)
                 next_obs = torch.Tensor(next_obs).to(device)
                 next_done = torch.Tensor(terminations | truncations).to(device)
-
             with phase("other"):
-                ended = episodes.add(info, truncations)
-                # Rank 0 alone shows progress and counts returns: of its own envs, as CleanRL does.
-                if rank == 0:
-                    for episodic_return, length in ended:
+                if rank == 0:  # rank 0 alone shows progress and counts returns, of its own envs, as CleanRL does
+                    for episodic_return, length in episodes.add(info, truncations):
                         run.episode(global_step, episodic_return, length)
                     run.tick(global_step)
 
         with phase("update"):
             advantages, returns = gae(next_obs, next_done, rollout.rewards, rollout.values, rollout.dones)
-
-        # flatten the batch
-        b_obs = rollout.obs.reshape((-1,) + envs.single_observation_space.shape)
-        b_logprobs = rollout.logprobs.reshape(-1)
-        b_actions = rollout.actions.reshape(-1)
-        b_advantages = advantages.reshape(-1)
-        b_returns = returns.reshape(-1)
-        b_values = rollout.values.reshape(-1)
-
-        # Optimizing the policy and value network
+        # the batch, flattened, in the order update takes it
+        batch = (rollout.obs, rollout.actions.long(), rollout.logprobs, advantages, returns, rollout.values)
+        batch = [tensor.flatten(0, 1) for tensor in batch]
         b_inds = np.arange(batch_size)
         for epoch in range(args.update_epochs):
             np.random.shuffle(b_inds)
-            for start in range(0, batch_size, minibatch_size):
+            for mb_inds in np.split(b_inds, args.num_minibatches):
                 with phase("data"):
-                    mb_inds = b_inds[start : start + minibatch_size]
-                    minibatch = (b_obs[mb_inds], b_actions.long()[mb_inds], b_logprobs[mb_inds])
-                    minibatch += (b_advantages[mb_inds], b_returns[mb_inds], b_values[mb_inds])
+                    minibatch = [tensor[mb_inds] for tensor in batch]
                 with phase("update"):
                     stats = update(*minibatch)
-
-            # Every rank stops its epochs at the same one, by the ranks' mean KL: the all-reduces must pair up.
             approx_kl = stats["approx_kl"]
-            if args.target_kl is not None and world_size > 1:
+            if args.target_kl is not None and world_size > 1:  # by the ranks' mean KL, all stop at the same epoch
                 approx_kl = agree(approx_kl, dist.ReduceOp.SUM, device) / world_size
             if args.target_kl is not None and approx_kl > args.target_kl:
                 break
 
         with phase("other"):
             # On the device, so that it is read back with the statistics, in one sync.
-            var_y = b_returns.var(correction=0)
-            explained_var = torch.where(var_y == 0, torch.nan, 1 - (b_returns - b_values).var(correction=0) / var_y)
-            scalars = {f"losses/{name}": stats[name] for name in STATS}
+            var_y = returns.var(correction=0)
+            explained_var = torch.where(var_y == 0, torch.nan, 1 - (returns - rollout.values).var(correction=0) / var_y)
             learning_rate = agent.optimizer.param_groups[0]["lr"]
-            scalars.update({"losses/explained_variance": explained_var, "charts/learning_rate": learning_rate})
-            run.log(global_step, scalars)
+            scalars = {"losses/explained_variance": explained_var, "charts/learning_rate": learning_rate}
+            run.log(global_step, scalars | {f"losses/{name}": value for name, value in stats.items()})
             if world_size > 1:
                 agree_to_stop(run, device)
     envs.close()
@@ -393,8 +344,7 @@ def train(args, run):
 
 
 def evaluate(args, run, saved):
-    """--eval-checkpoint: the saved policy's greedy action (the most likely one) on fresh envs, whole games counted
-    as training counts them."""
+    """--eval-checkpoint: the saved policy's most likely action on fresh envs, whole games counted as in training."""
     num_envs = min(args.num_envs, args.eval_episodes)
     envs = make_envs(args.env_id, num_envs, args.seed)
     network = ActorCritic(envs.single_action_space.n, device=run.device)

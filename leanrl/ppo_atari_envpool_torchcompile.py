@@ -89,12 +89,8 @@ class Args:
     # ---- end of run options ----
 
 
-# Iterations that count as warm-up: the fps window starts after them.
-WARMUP_ITERATIONS = 3
-# Iterations profiled with --profile-dir, at the start of the steady window.
-PROFILE_ITERATIONS = 1
-# The statistics of a minibatch update, in the order they are logged.
-STATS = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
+WARMUP_ITERATIONS = 3  # iterations before the fps window opens; --profile-dir profiles the one after them
+STATS = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")  # logged in this order
 
 
 def check_args(args):
@@ -110,24 +106,18 @@ def check_args(args):
 
 
 def make_envs(env_id, num_envs, seed):
-    """envpool's Atari preprocessing: 4 stacked 84x84 gray frames, a life loss ends an episode for the
-    learner (episodic_life) and rewards are clipped to their sign (reward_clip)."""
+    """envpool's Atari preprocessing: 4 stacked 84x84 gray frames, episodic life, rewards clipped to their sign."""
     if env_id not in envpool.list_all_envs():
         fail(f"unknown env id {env_id!r}: not an envpool environment")
     if "episodic_life" not in envpool.make_spec(env_id).config._fields:
         fail(f"{env_id} is not an envpool Atari game")
-    return envpool.make(
-        env_id, env_type="gymnasium", num_envs=num_envs, episodic_life=True, reward_clip=True, seed=seed
-    )
+    return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, episodic_life=True,
+                        reward_clip=True)
 
 
 class EpisodeReturns:
-    """Returns of whole games, as a person would score them.
-
-    envpool reports the unclipped reward in info["reward"]. A game ends when it is over (info["terminated"],
-    no lives left) or at its time limit (truncated, after which envpool restarts the game); a lost life
-    ends an episode for the learner only. The step after any end is envpool's reset step, with reward 0.
-    """
+    """Whole games' unclipped returns (info["reward"]): a lost life ends an episode for the learner only; a game ends
+    at game over (info["terminated"]) or its time limit (truncated), and envpool's reset step then has reward 0."""
 
     def __init__(self, num_envs):
         self.running = np.zeros(num_envs)
@@ -175,8 +165,7 @@ class ActorCritic(nn.Module):
     def get_action_and_value(self, x, action=None):
         hidden = self.network(x / 255.0)
         logits = self.actor(hidden)
-        # No argument validation: its checks read values back to the host, which stalls the stream and
-        # cannot be captured in a graph.
+        # No argument validation: its checks read values back to the host, which a CUDA graph cannot capture.
         probs = Categorical(logits=logits, validate_args=False)
         if action is None:
             action = probs.sample()
@@ -184,11 +173,8 @@ class ActorCritic(nn.Module):
 
 
 class Rollout:
-    """One iteration's transitions, num_steps x num_envs of each, preallocated on the device; frames stay uint8.
-
-    The host side stages what the envs return in pinned memory: each step's frames go to the device at once,
-    straight into their slot of the storage; rewards and done flags go in one copy per iteration.
-    """
+    """One iteration's transitions, num_steps x num_envs of each, on the device; frames stay uint8. The host stages
+    what the envs return in pinned memory: frames go to the device each step, rewards and dones once an iteration."""
 
     def __init__(self, num_steps, num_envs, obs_shape, device):
         self.obs = torch.zeros((num_steps, num_envs) + obs_shape, dtype=torch.uint8, device=device)
@@ -219,31 +205,27 @@ class Agent:
 
     def __init__(self, args, n_act, device):
         self.network = ActorCritic(n_act, device=device)
-        # The learning rate is a device tensor, annealed in place, so a captured update reads its current value
-        # (and compiled code does not recompile for each new value). capturable: Adam keeps its step count on
-        # the device too, so a replayed graph advances it; without it, a tensor lr disables the foreach kernels.
+        # The learning rate is a device tensor, annealed in place: captured updates read its current value, compiled
+        # code does not recompile for each. capturable: Adam's step count on the device, advanced by replays.
         lr = torch.tensor(args.learning_rate, device=device)
         capturable = torch.device(device).type == "cuda"
         self.optimizer = optim.Adam(self.network.parameters(), lr=lr, eps=1e-5, capturable=capturable)
 
 
 def make_update_fns(agent, args):
-    """The two steps of a PPO iteration's learning: advantages (GAE) and the update on one minibatch; and the
-    policy that acts. The update writes its STATS into `stats`, fixed tensors. With --compile and --cudagraphs,
-    each is compiled and captured."""
+    """The two steps of a PPO iteration's learning, advantages (GAE) and the update on one minibatch, and the policy
+    that acts; compiled and captured with --compile and --cudagraphs. The update writes its STATS into `stats`."""
     stats = {name: torch.zeros((), device=agent.optimizer.param_groups[0]["lr"].device) for name in STATS}
 
     def gae(next_obs, next_done, rewards, values, dones):
         with torch.no_grad():
-            # bootstrap value if not done
-            next_value = agent.network.get_value(next_obs).reshape(1, -1)
+            next_value = agent.network.get_value(next_obs).reshape(1, -1)  # bootstrap value if not done
             nextnonterminal = 1.0 - torch.cat([dones[1:], next_done[None]])
             nextvalues = torch.cat([values[1:], next_value])
             delta = rewards + args.gamma * nextvalues * nextnonterminal - values
-            # The recursion advantages[t] = delta[t] + c[t] * advantages[t + 1], solved in closed form:
-            # advantages[t] = sum over k >= t of c[t] * ... * c[k - 1] * delta[k]. One cumprod over a
-            # num_steps x num_steps matrix gives the products, so the compiled graph is a few kernels instead
-            # of num_steps unrolled steps. Memory: num_steps^2 * num_envs floats.
+            # advantages[t] = delta[t] + c[t] * advantages[t + 1], in closed form: the sum over k >= t of
+            # c[t] * ... * c[k - 1] * delta[k], the products from one cumprod over a num_steps x num_steps matrix
+            # (a few kernels, where the loop would compile to num_steps unrolled steps).
             c = args.gamma * args.gae_lambda * nextnonterminal
             upper = torch.ones(args.num_steps, args.num_steps, dtype=torch.bool, device=c.device).triu()[..., None]
             products = torch.cumprod(torch.where(upper, c, 1.0), dim=1)  # [t, k]: c[t] * ... * c[k] for k >= t
@@ -256,35 +238,26 @@ def make_update_fns(agent, args):
         _, newlogprob, entropy, newvalue = agent.network.get_action_and_value(obs, actions)
         logratio = newlogprob - logprobs
         ratio = logratio.exp()
-
         with torch.no_grad():
             # calculate approx_kl http://joschu.net/blog/kl-approx.html
             old_approx_kl = (-logratio).mean()
             approx_kl = ((ratio - 1) - logratio).mean()
             clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
-
         if args.norm_adv:
             advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-
         # Policy loss
         pg_loss1 = -advantages * ratio
         pg_loss2 = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
         pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
         # Value loss
         newvalue = newvalue.view(-1)
         if args.clip_vloss:
-            v_loss_unclipped = (newvalue - returns) ** 2
             v_clipped = values + torch.clamp(newvalue - values, -args.clip_coef, args.clip_coef)
-            v_loss_clipped = (v_clipped - returns) ** 2
-            v_loss_max = torch.max(v_loss_unclipped, v_loss_clipped)
-            v_loss = 0.5 * v_loss_max.mean()
+            v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
         else:
             v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
-
         entropy_loss = entropy.mean()
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-
         agent.optimizer.zero_grad()
         loss.backward()
         nn.utils.clip_grad_norm_(agent.network.parameters(), args.max_grad_norm)
@@ -313,49 +286,39 @@ def make_update_fns(agent, args):
 
 def train(args, run):
     batch_size = args.num_envs * args.num_steps
-    minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     device, phase = run.device, run.phase
-    # Every convolution has a fixed shape: let cuDNN pick the fastest algorithm for each once.
-    torch.backends.cudnn.benchmark = device.type == "cuda"
+    torch.backends.cudnn.benchmark = device.type == "cuda"  # fixed shapes: cuDNN picks the fastest algorithms once
 
     envs = make_envs(args.env_id, args.num_envs, args.seed)
     agent = Agent(args, envs.single_action_space.n, device)
     gae, update, policy, stats = make_update_fns(agent, args)
     rollout = Rollout(args.num_steps, args.num_envs, envs.single_observation_space.shape, device)
     episodes = EpisodeReturns(args.num_envs)
-
     # The host writes the pinned staging buffers through numpy views of them.
-    next_obs_host = rollout.next_obs_host.numpy()
-    rewards_host = rollout.rewards_host.numpy()
+    next_obs_host, rewards_host = rollout.next_obs_host.numpy(), rollout.rewards_host.numpy()
     dones_host = rollout.dones_host.numpy()
     next_obs_host[:] = envs.reset()[0]
     next_done = np.zeros(args.num_envs, dtype=bool)
     # What a checkpoint holds: the iteration follows from the env step, the learning rate from the iteration.
     state = {"network": agent.network, "optimizer": agent.optimizer}
     global_step = run.start(state, total_steps=num_iterations * batch_size, env_steps_per_call=args.num_envs,
-                            warmup_steps=WARMUP_ITERATIONS * batch_size, profile_steps=PROFILE_ITERATIONS * batch_size)
+                            warmup_steps=WARMUP_ITERATIONS * batch_size, profile_steps=batch_size)
     for iteration in range(global_step // batch_size + 1, num_iterations + 1):
         run.unit(global_step)
-        # Annealing the rate if instructed to do so.
         if args.anneal_lr:
             agent.optimizer.param_groups[0]["lr"].fill_((1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate)
-
         for step in range(args.num_steps):
             global_step += args.num_envs
             with phase("data"):
-                # The frames go to the device once, as uint8, into their slot of the storage.
-                rollout.obs[step].copy_(rollout.next_obs_host, non_blocking=True)
-
+                rollout.obs[step].copy_(rollout.next_obs_host, non_blocking=True)  # the frames, as uint8, in place
             with phase("policy"):
                 action, logprob, value = policy(rollout.obs[step])
-                # This wait for the device also means that every copy out of the pinned buffers has run, so
-                # the host may write them again below.
+                # This wait also means every copy out of the pinned buffers has run: the host may write them again.
                 action_np = action.cpu().numpy()
-
             with phase("env_step"):
                 # envpool's step, split in two: the writes between send and recv are done while the envs step.
                 envs.send(action_np)
@@ -365,12 +328,10 @@ def train(args, run):
                     rollout.logprobs[step] = logprob
                     dones_host[step] = next_done
                 next_obs, reward, terminations, truncations, info = envs.recv()
-
             with phase("data"):
                 next_obs_host[:] = next_obs
                 rewards_host[step] = reward
                 next_done = terminations | truncations
-
             with phase("other"):
                 for episodic_return, length in episodes.add(info, truncations):
                     run.episode(global_step, episodic_return, length)
@@ -380,47 +341,34 @@ def train(args, run):
             dones_host[-1] = next_done
             rollout.to_device()
         with phase("update"):
-            advantages, returns = gae(
-                rollout.next_obs, rollout.next_done, rollout.rewards, rollout.values, rollout.dones
-            )
-
-        # flatten the batch
-        b_obs = rollout.obs.reshape((-1,) + envs.single_observation_space.shape)
-        b_logprobs = rollout.logprobs.reshape(-1)
-        b_actions = rollout.actions.reshape(-1)
-        b_advantages = advantages.reshape(-1)
-        b_returns = returns.reshape(-1)
-        b_values = rollout.values.reshape(-1)
-
-        # Optimizing the policy and value network
+            advantages, returns = gae(rollout.next_obs, rollout.next_done, rollout.rewards, rollout.values,
+                                      rollout.dones)
+        # the batch, flattened, in the order update takes it
+        batch = (rollout.obs, rollout.actions.long(), rollout.logprobs, advantages, returns, rollout.values)
+        batch = [tensor.flatten(0, 1) for tensor in batch]
         for epoch in range(args.update_epochs):
             with phase("data"):
-                # Shuffled on the device: no indices cross from the host.
-                b_inds = torch.randperm(batch_size, device=device).split(minibatch_size)
-            for mb_inds in b_inds:
+                b_inds = torch.randperm(batch_size, device=device)  # shuffled on the device: no indices from the host
+            for mb_inds in b_inds.chunk(args.num_minibatches):
                 with phase("data"):
-                    minibatch = (b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds])
-                    minibatch += (b_advantages[mb_inds], b_returns[mb_inds], b_values[mb_inds])
+                    minibatch = [tensor[mb_inds] for tensor in batch]
                 with phase("update"):
                     update(*minibatch)
-
             if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
                 break
 
         with phase("other"):
             # On the device, so that it is read back with the statistics, in one sync.
-            var_y = b_returns.var(correction=0)
-            explained_var = torch.where(var_y == 0, torch.nan, 1 - (b_returns - b_values).var(correction=0) / var_y)
-            scalars = {f"losses/{name}": stats[name] for name in STATS}
+            var_y = returns.var(correction=0)
+            explained_var = torch.where(var_y == 0, torch.nan, 1 - (returns - rollout.values).var(correction=0) / var_y)
             learning_rate = agent.optimizer.param_groups[0]["lr"]
-            scalars.update({"losses/explained_variance": explained_var, "charts/learning_rate": learning_rate})
-            run.log(global_step, scalars)
+            scalars = {"losses/explained_variance": explained_var, "charts/learning_rate": learning_rate}
+            run.log(global_step, scalars | {f"losses/{name}": value for name, value in stats.items()})
     envs.close()
 
 
 def evaluate(args, run, saved):
-    """--eval-checkpoint: the saved policy's greedy action (the most likely one) on fresh envs, whole games counted
-    as training counts them."""
+    """--eval-checkpoint: the saved policy's most likely action on fresh envs, whole games counted as in training."""
     num_envs = min(args.num_envs, args.eval_episodes)
     envs = make_envs(args.env_id, num_envs, args.seed)
     network = ActorCritic(envs.single_action_space.n, device=run.device)
