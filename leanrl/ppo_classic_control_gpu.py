@@ -87,11 +87,8 @@ class Args:
     # ---- end of run options ----
 
 
-# Iterations that count as warm-up: the fps window starts after them (the twin captures its rollout at the third).
-WARMUP_ITERATIONS = 3
-# Iterations profiled with --profile-dir, at the start of the steady window.
-PROFILE_ITERATIONS = 1
-# The statistics of a minibatch update, in the order they are logged.
+WARMUP_ITERATIONS = 3  # before the fps window (the twin captures its rollout at the third)
+PROFILE_ITERATIONS = 1  # iterations that --profile-dir profiles, as the window opens
 STATS = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "grad_norm")
 
 
@@ -301,30 +298,18 @@ class ActorCritic(nn.Module):
 
     def __init__(self, n_obs, n_act, device=None):
         super().__init__()
-        self.critic = nn.Sequential(
-            layer_init(nn.Linear(n_obs, 64, device=device)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 64, device=device)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 1, device=device), std=1.0),
-        )
-        self.actor = nn.Sequential(
-            layer_init(nn.Linear(n_obs, 64, device=device)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 64, device=device)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, n_act, device=device), std=0.01),
-        )
-
-    def get_value(self, x):
-        return self.critic(x)
+        self.critic = nn.Sequential(layer_init(nn.Linear(n_obs, 64, device=device)), nn.Tanh(),
+                                    layer_init(nn.Linear(64, 64, device=device)), nn.Tanh(),
+                                    layer_init(nn.Linear(64, 1, device=device), std=1.0))  # fmt: skip
+        self.actor = nn.Sequential(layer_init(nn.Linear(n_obs, 64, device=device)), nn.Tanh(),
+                                   layer_init(nn.Linear(64, 64, device=device)), nn.Tanh(),
+                                   layer_init(nn.Linear(64, n_act, device=device), std=0.01))  # fmt: skip
 
     def get_action_and_value(self, x, action=None):
         logits = self.actor(x)
         probs = Categorical(logits=logits)
         if action is None:
-            # Gumbel-max: a sample of the same categorical distribution as probs.sample(), drawn from uniform
-            # numbers by pointwise operations that a compiled step fuses (the twin draws the same stream)
+            # Gumbel-max, in both scripts: probs.sample()'s distribution by pointwise operations a compiled step fuses
             action = torch.argmax(logits - torch.log(-torch.log(torch.rand_like(logits))), dim=-1)
         return action, probs.log_prob(action), probs.entropy(), self.critic(x)
 
@@ -335,10 +320,7 @@ class Rollout:
     def __init__(self, num_steps, num_envs, n_obs, device):
         self.obs = torch.zeros((num_steps, num_envs, n_obs), device=device)
         self.actions = torch.zeros((num_steps, num_envs), dtype=torch.long, device=device)
-        self.logprobs = torch.zeros((num_steps, num_envs), device=device)
-        self.rewards = torch.zeros((num_steps, num_envs), device=device)
-        self.dones = torch.zeros((num_steps, num_envs), device=device)
-        self.values = torch.zeros((num_steps, num_envs), device=device)
+        self.logprobs, self.rewards, self.dones, self.values = torch.zeros((4, num_steps, num_envs), device=device)
 
 
 class Agent:
@@ -351,13 +333,9 @@ class Agent:
     def set_learning_rate(self, lr):
         self.optimizer.param_groups[0]["lr"] = lr
 
-    def learning_rate(self):
-        return self.optimizer.param_groups[0]["lr"]
-
 
 def average_gradients(parameters):
-    """Every rank's gradients replaced by their mean over the ranks, in one all-reduce: they are copied into one
-    flat buffer and back (CleanRL all-reduces each parameter, one call with its own latency per tensor)."""
+    """Every rank's gradients replaced by their mean over the ranks, through one flat buffer: one all-reduce."""
     grads = [p.grad for p in parameters]
     flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat)
@@ -372,41 +350,32 @@ def make_update_fns(agent, args):
     def gae(next_obs, next_done, rewards, values, dones):
         """Advantages and returns; dones[t] says whether obs[t] starts a new episode."""
         with torch.no_grad():
-            next_value = agent.net.get_value(next_obs).reshape(1, -1)
-            advantages = torch.zeros_like(rewards)
-            lastgaelam = 0
+            next_value = agent.net.critic(next_obs).reshape(1, -1)
+            nextnonterminal = 1.0 - torch.cat([dones[1:], next_done[None]])
+            nextvalues = torch.cat([values[1:], next_value])
+            delta = rewards + args.gamma * nextvalues * nextnonterminal - values
+            coef = args.gamma * args.gae_lambda * nextnonterminal
+            advantages, lastgaelam = torch.zeros_like(rewards), 0
             for t in reversed(range(args.num_steps)):
-                if t == args.num_steps - 1:
-                    nextnonterminal = 1.0 - next_done
-                    nextvalues = next_value
-                else:
-                    nextnonterminal = 1.0 - dones[t + 1]
-                    nextvalues = values[t + 1]
-                delta = rewards[t] + args.gamma * nextvalues * nextnonterminal - values[t]
-                advantages[t] = lastgaelam = delta + args.gamma * args.gae_lambda * nextnonterminal * lastgaelam
-            returns = advantages + values
-        return advantages, returns
+                advantages[t] = lastgaelam = delta[t] + coef[t] * lastgaelam
+        return advantages, advantages + values
 
     def update(obs, actions, logprobs, advantages, returns, values):
         """One gradient step on one minibatch; returns its STATS."""
         _, newlogprob, entropy, newvalue = agent.net.get_action_and_value(obs, actions)
         logratio = newlogprob - logprobs
         ratio = logratio.exp()
-
         with torch.no_grad():
             # calculate approx_kl http://joschu.net/blog/kl-approx.html
             old_approx_kl = (-logratio).mean()
             approx_kl = ((ratio - 1) - logratio).mean()
             clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
-
         if args.norm_adv:
             advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-
         # Policy loss
         pg_loss1 = -advantages * ratio
         pg_loss2 = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
         pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
         # Value loss
         newvalue = newvalue.view(-1)
         if args.clip_vloss:
@@ -416,10 +385,8 @@ def make_update_fns(agent, args):
             v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
         else:
             v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
-
         entropy_loss = entropy.mean()
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-
         agent.optimizer.zero_grad()
         loss.backward()
         if dist.is_initialized():
@@ -444,13 +411,10 @@ def train(args, run):
     np.random.seed(args.seed + rank)
     torch.manual_seed(args.seed + rank)
     device, phase = run.device, run.phase
-
     envs = Envs(args.env_id, args.num_envs, device)
-    n_obs = envs.physics.n_obs
-    agent = Agent(args, n_obs, envs.physics.n_act, device)
+    agent = Agent(args, envs.physics.n_obs, envs.physics.n_act, device)
     gae, update = make_update_fns(agent, args)
-    rollout = Rollout(args.num_steps, args.num_envs, n_obs, device)
-
+    rollout = Rollout(args.num_steps, args.num_envs, envs.physics.n_obs, device)
     next_obs = envs.observe()
     next_done = torch.zeros(args.num_envs, device=device)
     state = {"net": agent.net, "optimizer": agent.optimizer}
@@ -469,46 +433,28 @@ def train(args, run):
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / num_iterations
                 agent.set_learning_rate(frac * args.learning_rate)
-
         for step in range(args.num_steps):
             global_step += args.num_envs * world_size
             with phase("data"):
                 rollout.obs[step] = next_obs
                 rollout.dones[step] = next_done
-
-            with phase("policy"):
-                with torch.no_grad():
-                    action, logprob, _, value = agent.net.get_action_and_value(next_obs)
-
+            with phase("policy"), torch.no_grad():
+                action, logprob, _, value = agent.net.get_action_and_value(next_obs)
+            with phase("env_step"):
+                next_obs, reward, next_done = envs.step(action)
             with phase("data"):
                 rollout.values[step] = value.flatten()
                 rollout.actions[step] = action
                 rollout.logprobs[step] = logprob
-
-            with phase("env_step"):
-                next_obs, reward, next_done = envs.step(action)
-
-            with phase("data"):
                 rollout.rewards[step] = reward
                 next_done = next_done.float()
-
             with phase("other"):
                 if rank == 0:  # rank 0 alone shows progress
                     run.tick(global_step)
-
         with phase("update"):
             advantages, rets = gae(next_obs, next_done, rollout.rewards, rollout.values, rollout.dones)
-
-        # flatten the batch: obs, actions, logprobs, advantages, returns, values
-        batch = (
-            rollout.obs.reshape((-1, n_obs)),
-            rollout.actions.reshape(-1),
-            rollout.logprobs.reshape(-1),
-            advantages.reshape(-1),
-            rets.reshape(-1),
-            rollout.values.reshape(-1),
-        )
-
+        batch = (rollout.obs, rollout.actions, rollout.logprobs, advantages, rets, rollout.values)
+        batch = [b.flatten(0, 1) for b in batch]  # obs, actions, logprobs, advantages, returns, values
         # Optimizing the policy and value network
         b_inds = np.arange(batch_size)
         for epoch in range(args.update_epochs):
@@ -525,18 +471,17 @@ def train(args, run):
                 approx_kl = agree(approx_kl, dist.ReduceOp.SUM, device) / world_size
             if args.target_kl is not None and approx_kl > args.target_kl:
                 break
-
         with phase("other"):
-            # The episodes that ended in this rollout count as one, their mean: thousands end per rollout with
-            # many envs. Read back in one sync.
+            # The episodes that ended in this rollout count as one, by their mean: with many envs, thousands end.
             ended, return_sum, length_sum = envs.ended_episodes().tolist()
             if ended and rank == 0:  # rank 0 alone counts returns: of its own envs, as CleanRL does
                 run.episode(global_step, return_sum / ended, length_sum / ended)
             # On the device, so that it is read back with the statistics, in one sync.
             var_y = batch[-2].var(correction=0)
             explained_var = torch.where(var_y == 0, torch.nan, 1 - (batch[-2] - batch[-1]).var(correction=0) / var_y)
+            lr = agent.optimizer.param_groups[0]["lr"]
             scalars = {f"losses/{name}": stats[name] for name in STATS}
-            scalars.update({"losses/explained_variance": explained_var, "charts/learning_rate": agent.learning_rate()})
+            scalars.update({"losses/explained_variance": explained_var, "charts/learning_rate": lr})
             run.log(global_step, scalars)
             if world_size > 1:
                 agree_to_stop(run, device)
@@ -546,8 +491,7 @@ def train(args, run):
 
 
 def evaluate(args, run, saved):
-    """--eval-checkpoint: the saved actor's greedy action (the argmax of its logits), episode after episode on
-    gymnasium's own env of the same id, whose dynamics the script's envs reproduce."""
+    """--eval-checkpoint: the saved actor's greedy action, on gymnasium's own env of the id (ours reproduce it)."""
     physics = ENVS[args.env_id]
     net = ActorCritic(physics.n_obs, physics.n_act, device=run.device)
     net.load_state_dict(saved["net"])

@@ -101,11 +101,8 @@ class Args:
     # ---- end of run options ----
 
 
-# Iterations that count as warm-up: the fps window starts after them (the twin captures its rollout at the third).
-WARMUP_ITERATIONS = 3
-# Iterations profiled with --profile-dir, at the start of the steady window.
-PROFILE_ITERATIONS = 1
-# The statistics of a minibatch update, in the order they are logged.
+WARMUP_ITERATIONS = 3  # before the fps window (the twin captures its rollout at the third)
+PROFILE_ITERATIONS = 1  # iterations that --profile-dir profiles, as the window opens
 STATS = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "grad_norm")
 
 
@@ -315,49 +312,32 @@ class ActorCritic(nn.Module):
 
     def __init__(self, n_obs, n_act, device=None):
         super().__init__()
-        self.critic = nn.Sequential(
-            layer_init(nn.Linear(n_obs, 64, device=device)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 64, device=device)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 1, device=device), std=1.0),
-        )
-        self.actor = nn.Sequential(
-            layer_init(nn.Linear(n_obs, 64, device=device)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 64, device=device)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, n_act, device=device), std=0.01),
-        )
-
-    def get_value(self, x):
-        return self.critic(x)
+        self.critic = nn.Sequential(layer_init(nn.Linear(n_obs, 64, device=device)), nn.Tanh(),
+                                    layer_init(nn.Linear(64, 64, device=device)), nn.Tanh(),
+                                    layer_init(nn.Linear(64, 1, device=device), std=1.0))  # fmt: skip
+        self.actor = nn.Sequential(layer_init(nn.Linear(n_obs, 64, device=device)), nn.Tanh(),
+                                   layer_init(nn.Linear(64, 64, device=device)), nn.Tanh(),
+                                   layer_init(nn.Linear(64, n_act, device=device), std=0.01))  # fmt: skip
 
     def get_action_and_value(self, x, action=None):
         logits = self.actor(x)
         # Checking the arguments would read them back to the host: a sync, and not allowed in a CUDA graph
         probs = Categorical(logits=logits, validate_args=False)
         if action is None:
-            # Gumbel-max: a sample of the same categorical distribution as probs.sample(), drawn from uniform
-            # numbers by pointwise operations that a compiled step fuses (the twin draws the same stream)
+            # Gumbel-max, in both scripts: probs.sample()'s distribution by pointwise operations a compiled step fuses
             action = torch.argmax(logits - torch.log(-torch.log(torch.rand_like(logits))), dim=-1)
         return action, probs.log_prob(action), probs.entropy(), self.critic(x)
 
 
 class Rollout:
-    """One rollout of num_steps steps of num_envs envs, on the device.
-
-    obs and dones have one more row: the observation after the last step, which GAE bootstraps from and the next
-    rollout starts with.
-    """
+    """One rollout of num_steps steps of num_envs envs, on the device. obs and dones have one more row: the
+    observation after the last step, which GAE bootstraps from and the next rollout starts with."""
 
     def __init__(self, num_steps, num_envs, n_obs, device):
         self.obs = torch.zeros((num_steps + 1, num_envs, n_obs), device=device)
         self.actions = torch.zeros((num_steps, num_envs), dtype=torch.long, device=device)
-        self.logprobs = torch.zeros((num_steps, num_envs), device=device)
-        self.rewards = torch.zeros((num_steps, num_envs), device=device)
+        self.logprobs, self.rewards, self.values = torch.zeros((3, num_steps, num_envs), device=device)
         self.dones = torch.zeros((num_steps + 1, num_envs), device=device)
-        self.values = torch.zeros((num_steps, num_envs), device=device)
 
 
 class Agent:
@@ -365,33 +345,23 @@ class Agent:
 
     def __init__(self, args, n_obs, n_act, device):
         self.net = ActorCritic(n_obs, n_act, device=device)
-        # The learning rate is a device tensor that annealing overwrites in place, so a compiled or captured
-        # optimizer step reads the current value. Adam takes a tensor lr without host syncs only when capturable,
-        # which it can be on CUDA alone.
-        self.optimizer = optim.Adam(
-            self.net.parameters(),
-            lr=torch.tensor(args.learning_rate, device=device),
-            eps=1e-5,
-            capturable=device.type == "cuda",
-        )
+        # A device tensor that annealing overwrites in place, so a compiled or captured step reads the current value;
+        # Adam takes it without host syncs only when capturable, which it can be on CUDA alone.
+        lr = torch.tensor(args.learning_rate, device=device)
+        self.optimizer = optim.Adam(self.net.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
         self.grads = None
         if dist.is_initialized():
-            # The gradients are views into one flat buffer, which the update zeroes and fills in place: the
-            # all-reduce reads and writes them with no copy, and captured graphs find them at fixed addresses. Each
-            # view starts on 16 bytes (the critic's one-element bias comes before the actor): compiled kernels load
-            # them in vectors, which fail on a misaligned address.
+            # Views into one flat buffer, filled in place: the all-reduce needs no copy, captured graphs find them at
+            # fixed addresses. Each starts on 16 bytes (after the critic's 1-element bias too): compiled kernels load
+            # in vectors, which fail on a misaligned address.
             parameters = list(self.net.parameters())
-            sizes = [p.numel() for p in parameters]
-            aligned = [-(-size // 4) * 4 for size in sizes]
+            aligned = [-(-p.numel() // 4) * 4 for p in parameters]
             self.grads = torch.zeros(sum(aligned), device=device)
-            for p, grad, size in zip(parameters, self.grads.split(aligned), sizes):
-                p.grad = grad[:size].view_as(p)
+            for p, grad in zip(parameters, self.grads.split(aligned)):
+                p.grad = grad[: p.numel()].view_as(p)
 
     def set_learning_rate(self, lr):
         self.optimizer.param_groups[0]["lr"].fill_(lr)
-
-    def learning_rate(self):
-        return self.optimizer.param_groups[0]["lr"]
 
 
 def average_gradients(grads):
@@ -401,51 +371,44 @@ def average_gradients(grads):
 
 
 def make_update_fns(agent, args):
-    """GAE over a rollout, the PPO update on one minibatch, and the policy that acts. The update writes its STATS
-    into `stats`, fixed tensors. With --compile GAE and the update are compiled and with --cudagraphs captured;
-    the policy is compiled and captured as part of the rollout, in make_collect."""
-    stats = {name: torch.zeros((), device=agent.learning_rate().device) for name in STATS}
+    """GAE over a rollout, the PPO update on one minibatch (its STATS written into `stats`, fixed tensors), and the
+    policy that acts. --compile and --cudagraphs apply to GAE and the update here, to the policy in make_collect."""
+    stats = {name: torch.zeros((), device=next(agent.net.parameters()).device) for name in STATS}
 
     def gae(next_obs, next_done, rewards, values, dones):
         """Advantages and returns; dones[t] says whether obs[t] starts a new episode."""
         with torch.no_grad():
-            next_value = agent.net.get_value(next_obs).reshape(1, -1)
+            next_value = agent.net.critic(next_obs).reshape(1, -1)
             nextnonterminal = 1.0 - torch.cat([dones[1:], next_done[None]])
             nextvalues = torch.cat([values[1:], next_value])
             delta = rewards + args.gamma * nextvalues * nextnonterminal - values
             coef = args.gamma * args.gae_lambda * nextnonterminal
-            # advantages[t] = delta[t] + coef[t] * advantages[t + 1], solved by a doubling scan in log2(num_steps)
-            # rounds instead of num_steps sequential ones (a short graph to compile): after the round with shift s,
-            # advantages[t] holds the terms of delta[t : t + 2s] and coef[t] the product of coef[t : t + 2s].
-            advantages = delta
-            shift = 1
+            # advantages[t] = delta[t] + coef[t] * advantages[t + 1] by a doubling scan: log2(num_steps) rounds, not
+            # num_steps (a short graph to compile). After shift s, advantages[t] holds the terms of delta[t : t + 2s]
+            # and coef[t] the product of coef[t : t + 2s].
+            advantages, shift = delta, 1
             while shift < args.num_steps:
                 advantages = advantages + coef * F.pad(advantages[shift:], (0, 0, 0, shift))
                 coef = coef * F.pad(coef[shift:], (0, 0, 0, shift))
                 shift *= 2
-            returns = advantages + values
-        return advantages, returns
+        return advantages, advantages + values
 
     def backward(obs, actions, logprobs, advantages, returns, values):
-        """The loss of one minibatch and its gradients; returns its STATS but the gradient norm."""
+        """The loss of one minibatch and its gradients; its STATS but the gradient norm into `stats`."""
         _, newlogprob, entropy, newvalue = agent.net.get_action_and_value(obs, actions)
         logratio = newlogprob - logprobs
         ratio = logratio.exp()
-
         with torch.no_grad():
             # calculate approx_kl http://joschu.net/blog/kl-approx.html
             old_approx_kl = (-logratio).mean()
             approx_kl = ((ratio - 1) - logratio).mean()
             clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
-
         if args.norm_adv:
             advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-
         # Policy loss
         pg_loss1 = -advantages * ratio
         pg_loss2 = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
         pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
         # Value loss
         newvalue = newvalue.view(-1)
         if args.clip_vloss:
@@ -455,66 +418,54 @@ def make_update_fns(agent, args):
             v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
         else:
             v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
-
         entropy_loss = entropy.mean()
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-
         agent.optimizer.zero_grad(set_to_none=agent.grads is None)  # the flat buffer's views stay
         loss.backward()
         outputs = (pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac)
-        return {name: value.detach() for name, value in zip(STATS, outputs)}
+        for name, value in zip(STATS, outputs):  # not returned: a captured function copies outputs out of its graph
+            stats[name].copy_(value.detach())
 
     def step():
-        """The clipped gradients' optimizer step; returns the gradient norm."""
+        """The clipped gradients' optimizer step; the gradient norm into `stats`."""
         grad_norm = nn.utils.clip_grad_norm_(agent.net.parameters(), args.max_grad_norm)
         agent.optimizer.step()
-        return {"grad_norm": grad_norm.detach()}
+        stats["grad_norm"].copy_(grad_norm.detach())
 
-    def write(outputs):
-        # No outputs: a captured function would copy each one out of its graph.
-        for name, value in outputs.items():
-            stats[name].copy_(value)
-
-    def update_in_place(*minibatch):
-        write({**backward(*minibatch), **step()})
-
-    def backward_in_place(*minibatch):
-        write(backward(*minibatch))
-
-    def step_in_place():
-        write(step())
+    def update(*minibatch):
+        backward(*minibatch)
+        step()
 
     def policy(obs):
         with torch.no_grad():
             action, logprob, _, value = agent.net.get_action_and_value(obs)
         return action, logprob, value.flatten()
 
-    functions = (gae, update_in_place, backward_in_place, step_in_place)
+    functions = (gae, update, backward, step)
     if args.compile:
         functions = map(torch.compile, functions)
     if args.cudagraphs:
         functions = (CudaGraphModule(f, warmup=3 if args.compile else 2) for f in functions)
-    gae, update_in_place, backward_in_place, step_in_place = functions
+    # Other names for the wrapped backward and step: update calls the plain ones.
+    gae, update, fast_backward, fast_step = functions
 
     def update_distributed(*minibatch):
         # The all-reduce runs between two graphs, not inside one: a collective captured in a CUDA graph is not
         # tested yet (docs/multigpu.md). Alone, one graph does the whole update.
-        backward_in_place(*minibatch)
+        fast_backward(*minibatch)
         average_gradients(agent.grads)
-        step_in_place()
+        fast_step()
 
-    return gae, update_distributed if dist.is_initialized() else update_in_place, policy, stats
+    return gae, update_distributed if dist.is_initialized() else update, policy, stats
 
 
 def make_collect(policy, envs, rollout, args):
-    """collect(): one rollout of num_steps steps of all envs into `rollout`, from the observation and done flags
-    the last one ended in (its last rows). Nothing leaves the device. With --compile the env step (policy, env,
-    auto-reset, storage) is compiled; with --cudagraphs the whole rollout is captured as one CUDA graph: one
-    replay per iteration, no Python per step."""
+    """collect(): one rollout of num_steps steps of all envs into `rollout`, from the observation and done flags the
+    last one ended in (its last rows). With --compile the env step (policy, env, auto-reset, storage) is compiled;
+    with --cudagraphs the whole rollout is one CUDA graph: one replay per iteration, no Python per step."""
 
     def step(t):
-        obs = rollout.obs[t]
-        action, logprob, value = policy(obs)
+        action, logprob, value = policy(rollout.obs[t])
         next_obs, reward, done = envs.step(action)
         rollout.actions[t] = action
         rollout.logprobs[t] = logprob
@@ -551,10 +502,8 @@ def fused_rollout_unavailable(cuda):
     if triton is None:
         return "--fused-rollout needs Triton, which torch's CUDA build brings; install it: pip install triton"
     if not cuda and isinstance(fused_rollout_kernel, triton.runtime.JITFunction):
-        return (
-            "--fused-rollout runs a Triton kernel, which needs CUDA; on the CPU only Triton's interpreter runs it "
-            "(slowly): set TRITON_INTERPRET=1 before starting"
-        )
+        return ("--fused-rollout runs a Triton kernel, which needs CUDA; on the CPU only Triton's interpreter runs it "
+                "(slowly): set TRITON_INTERPRET=1 before starting")  # fmt: skip
     return None
 
 
@@ -811,23 +760,14 @@ if triton is not None:  # the kernel and its parts, written as the torch code ab
 
 
 def make_fused_collect(agent, envs, rollout, args):
-    """collect() as make_collect's, the rollout one Triton kernel launch (--fused-rollout): each program takes a
-    block of envs, loads the actor's weights once, keeps the envs in registers and runs the num_steps steps
-    (policy, Gumbel-max action, env step, time limit, auto-reset, episode sums, trajectory writes); then one
-    batched critic call over all the observations writes the values. Neither --compile nor --cudagraphs applies
-    to it: the kernel is one launch already, and its seed (below) changes at every call, which a captured launch
-    would replay unchanged.
-
-    Random numbers: Philox (tl.rand) of a seed per call and of the draw's number, (step * num_envs + env) *
-    (n_act + n_noise) + i, the same numbering as collect(uniforms) reads: the action's n_act uniforms, then the
-    reset's n_noise, per env and step, as the torch rollout draws them from torch.rand_like and torch.rand. The
-    seeds count up from a base drawn once from torch's CPU generator, which --seed seeds: a run repeats from its
-    seed, with no device sync; its stream differs from the torch rollout's (same distributions). collect.seed is
-    the next call's, which a checkpoint keeps.
-    collect(uniforms) takes a [num_steps, num_envs, n_act + n_noise] tensor of uniforms instead (the tests)."""
+    """collect() as make_collect's, the rollout one Triton kernel launch (--fused-rollout), then one batched critic
+    call for the values. Neither --compile nor --cudagraphs applies: the kernel is one launch already, and its seed
+    changes at every call, which a captured launch would replay unchanged. The kernel's Philox draws are numbered
+    as the torch rollout's (docs/gpu_collection.md), seeded by collect.seed, counted up from a draw of --seed's CPU
+    generator (no device sync) and kept by a checkpoint. collect(uniforms) reads a [num_steps, num_envs, n_act +
+    n_noise] tensor of uniforms instead (the tests)."""
     # Here, not in check_args, which the twin shares word for word with the baseline: before any training still.
-    unavailable = fused_rollout_unavailable(rollout.obs.device.type == "cuda")
-    if unavailable:
+    if unavailable := fused_rollout_unavailable(rollout.obs.device.type == "cuda"):
         fail(unavailable)
     physics, net = envs.physics, agent.net
     layers = [net.actor[i] for i in (0, 2, 4)]
@@ -855,7 +795,7 @@ def make_fused_collect(agent, envs, rollout, args):
         )  # fmt: skip
         collect.seed += 1
         with torch.no_grad():
-            rollout.values.copy_(net.get_value(rollout.obs[:-1]).squeeze(-1))
+            rollout.values.copy_(net.critic(rollout.obs[:-1]).squeeze(-1))
 
     collect.seed = torch.randint(2**30, ())  # a tensor, which a checkpoint restores in place
     return collect
@@ -873,21 +813,17 @@ def train(args, run):
     np.random.seed(args.seed + rank)
     torch.manual_seed(args.seed + rank)
     device, phase = run.device, run.phase
-
     envs = Envs(args.env_id, args.num_envs, device)
-    n_obs = envs.physics.n_obs
-    agent = Agent(args, n_obs, envs.physics.n_act, device)
+    agent = Agent(args, envs.physics.n_obs, envs.physics.n_act, device)
     gae, update, policy, stats = make_update_fns(agent, args)
-    rollout = Rollout(args.num_steps, args.num_envs, n_obs, device)
-    if args.fused_rollout:
-        collect = make_fused_collect(agent, envs, rollout, args)
-    else:
-        collect = make_collect(policy, envs, rollout, args)
-
+    rollout = Rollout(args.num_steps, args.num_envs, envs.physics.n_obs, device)
     rollout.obs[-1] = envs.observe()
     state = {"net": agent.net, "optimizer": agent.optimizer}
     if args.fused_rollout:
+        collect = make_fused_collect(agent, envs, rollout, args)
         state["fused_seed"] = collect.seed  # the kernel's random stream goes on where it was
+    else:
+        collect = make_collect(policy, envs, rollout, args)
     # One env_step call on rank 0 stands for the same call on every rank, as global_step counts them all.
     global_step = run.start(state, total_steps=num_iterations * steps_per_iteration,
                             warmup_steps=WARMUP_ITERATIONS * steps_per_iteration,
@@ -905,30 +841,17 @@ def train(args, run):
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / num_iterations
                 agent.set_learning_rate(frac * args.learning_rate)
-
         global_step += steps_per_iteration
         with phase("env_step"):
             collect()
-
         with phase("other"):
             if rank == 0:  # rank 0 alone shows progress
                 run.tick(global_step)
-
         with phase("update"):
-            advantages, rets = gae(
-                rollout.obs[-1], rollout.dones[-1], rollout.rewards, rollout.values, rollout.dones[:-1]
-            )
-
-        # flatten the batch: obs, actions, logprobs, advantages, returns, values
-        batch = (
-            rollout.obs[:-1].reshape((-1, n_obs)),
-            rollout.actions.reshape(-1),
-            rollout.logprobs.reshape(-1),
-            advantages.reshape(-1),
-            rets.reshape(-1),
-            rollout.values.reshape(-1),
-        )
-
+            advantages, rets = gae(rollout.obs[-1], rollout.dones[-1], rollout.rewards, rollout.values,
+                                   rollout.dones[:-1])  # fmt: skip
+        batch = (rollout.obs[:-1], rollout.actions, rollout.logprobs, advantages, rets, rollout.values)
+        batch = [b.flatten(0, 1) for b in batch]  # obs, actions, logprobs, advantages, returns, values
         # Optimizing the policy and value network
         for epoch in range(args.update_epochs):
             with phase("data"):
@@ -946,18 +869,17 @@ def train(args, run):
                 approx_kl = agree(approx_kl, dist.ReduceOp.SUM, device) / world_size
             if args.target_kl is not None and approx_kl > args.target_kl:
                 break
-
         with phase("other"):
-            # The episodes that ended in this rollout count as one, their mean: thousands end per rollout with
-            # many envs. Read back in one sync.
+            # The episodes that ended in this rollout count as one, by their mean: with many envs, thousands end.
             ended, return_sum, length_sum = envs.ended_episodes().tolist()
             if ended and rank == 0:  # rank 0 alone counts returns: of its own envs, as CleanRL does
                 run.episode(global_step, return_sum / ended, length_sum / ended)
             # On the device, so that it is read back with the statistics, in one sync.
             var_y = batch[-2].var(correction=0)
             explained_var = torch.where(var_y == 0, torch.nan, 1 - (batch[-2] - batch[-1]).var(correction=0) / var_y)
+            lr = agent.optimizer.param_groups[0]["lr"]
             scalars = {f"losses/{name}": stats[name] for name in STATS}
-            scalars.update({"losses/explained_variance": explained_var, "charts/learning_rate": agent.learning_rate()})
+            scalars.update({"losses/explained_variance": explained_var, "charts/learning_rate": lr})
             run.log(global_step, scalars)
             if world_size > 1:
                 agree_to_stop(run, device)
@@ -967,8 +889,7 @@ def train(args, run):
 
 
 def evaluate(args, run, saved):
-    """--eval-checkpoint: the saved actor's greedy action (the argmax of its logits), episode after episode on
-    gymnasium's own env of the same id, whose dynamics the script's envs reproduce."""
+    """--eval-checkpoint: the saved actor's greedy action, on gymnasium's own env of the id (ours reproduce it)."""
     physics = ENVS[args.env_id]
     net = ActorCritic(physics.n_obs, physics.n_act, device=run.device)
     net.load_state_dict(saved["net"])
