@@ -1,5 +1,6 @@
 # TD3 for continuous actions, as CleanRL defines it, in plain eager PyTorch.
 # Docs: docs/td3.md
+import functools
 import os
 import random
 from dataclasses import dataclass
@@ -78,14 +79,11 @@ class Args:
     # ---- end of run options ----
 
 
-# Steps after learning_starts that count as warm-up: the fps window starts after them.
+# Env steps after learning_starts before the fps window opens, and steps --profile-dir profiles at its start.
 WARMUP_STEPS = 200
-# Steps profiled with --profile-dir, at the start of the steady window.
 PROFILE_STEPS = 100
 # What a checkpoint keeps of the agent, with the replay buffer.
 AGENT_STATE = ("actor", "qf1", "qf2", "qf1_target", "qf2_target", "target_actor", "q_optimizer", "actor_optimizer")
-# The replay buffer's arrays, as a checkpoint holds them.
-BUFFER_ARRAYS = ("obs", "next_obs", "actions", "rewards", "dones")
 # The statistics of an update, logged as losses/<name>.
 STATS = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss", "qf_loss", "actor_loss")
 
@@ -100,26 +98,22 @@ def check_args(args):
         fail(f"--learning-starts {args.learning_starts} must be below --total-timesteps {args.total_timesteps}")
 
 
-def make_env(env_id, seed, video_folder=None, episode_trigger=None):
-    def thunk():
-        if video_folder is None:
+def make_envs(env_id, seed, num_envs, video_folder=None, episode_trigger=None):
+    """num_envs envs in a vector env that resets in the step that ends an episode, so the true final observation
+    comes in infos; env 0 records the video, as in CleanRL."""
+
+    def make_env(i):
+        if i > 0 or video_folder is None:
             env = gym.make(env_id)
         else:
             env = gym.make(env_id, render_mode="rgb_array")
             env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=episode_trigger, disable_logger=True)
         env = gym.wrappers.RecordEpisodeStatistics(env)
-        env.action_space.seed(seed)
+        env.action_space.seed(seed + i)
         return env
 
-    return thunk
-
-
-def make_envs(env_id, seed, num_envs, video_folder=None, episode_trigger=None):
-    """num_envs envs in a vector env that resets in the same step, so the true final observation comes in infos;
-    env 0 records the video, as in CleanRL."""
     try:
-        thunks = [make_env(env_id, seed + i, episode_trigger=episode_trigger) for i in range(num_envs)]
-        thunks[0] = make_env(env_id, seed, video_folder, episode_trigger)  # env 0 records
+        thunks = [functools.partial(make_env, i) for i in range(num_envs)]
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     except gym.error.Error as e:
         fail(f"--env-id {env_id}: {e}")
@@ -162,43 +156,29 @@ class Actor(nn.Module):
 
 
 class ReplayBuffer:
-    """Transitions in numpy arrays on the host, sampled uniformly with replacement."""
+    """Rows [obs, action, reward, next_obs, done] of one array on the host, sampled uniformly with replacement."""
 
     def __init__(self, size, n_obs, n_act, device):
-        self.obs = np.zeros((size, n_obs), dtype=np.float32)
-        self.next_obs = np.zeros((size, n_obs), dtype=np.float32)
-        self.actions = np.zeros((size, n_act), dtype=np.float32)
-        self.rewards = np.zeros(size, dtype=np.float32)
-        self.dones = np.zeros(size, dtype=np.float32)
-        self.max_size, self.ptr, self.size, self.device = size, 0, 0, device
+        self.widths = [n_obs, n_act, 1, n_obs, 1]
+        self.storage = np.zeros((size, sum(self.widths)), dtype=np.float32)
+        self.ptr, self.size, self.device = 0, 0, device
 
     def add(self, obs, next_obs, actions, rewards, dones):
-        """One transition per env, in rows."""
-        n = len(obs)
-        rows = (self.ptr + np.arange(n)) % self.max_size
-        self.obs[rows] = obs
-        self.next_obs[rows] = next_obs
-        self.actions[rows] = actions
-        self.rewards[rows] = rewards
-        self.dones[rows] = dones
-        self.ptr = (self.ptr + n) % self.max_size
-        self.size = min(self.size + n, self.max_size)
+        rows = (self.ptr + np.arange(len(obs))) % len(self.storage)
+        self.storage[rows] = np.concatenate([obs, actions, rewards[:, None], next_obs, dones[:, None]], axis=1)
+        self.ptr = (self.ptr + len(obs)) % len(self.storage)
+        self.size = min(self.size + len(obs), len(self.storage))
 
     def sample(self, batch_size):
         idx = np.random.randint(0, self.size, size=batch_size)
-        return tuple(
-            torch.as_tensor(a[idx], device=self.device)
-            for a in (self.obs, self.actions, self.rewards, self.next_obs, self.dones)
-        )
+        return torch.as_tensor(self.storage[idx], device=self.device).split(self.widths, dim=1)
 
     def state_dict(self):
         """The filled rows, and where the next transition goes."""
-        filled = {name: torch.from_numpy(getattr(self, name)[: self.size]) for name in BUFFER_ARRAYS}
-        return {**filled, "ptr": self.ptr, "size": self.size}
+        return {"storage": torch.from_numpy(self.storage[: self.size]), "ptr": self.ptr, "size": self.size}
 
     def load_state_dict(self, state):
-        for name in BUFFER_ARRAYS:
-            getattr(self, name)[: state["size"]] = state[name].numpy()
+        self.storage[: state["size"]] = state["storage"].numpy()
         self.ptr, self.size = state["ptr"], state["size"]
 
 
@@ -238,13 +218,11 @@ def make_update_fns(agent, args):
             qf2_next_target = agent.qf2_target(next_obs, next_state_actions)
             min_qf_next_target = torch.min(qf1_next_target, qf2_next_target)
             next_q_value = rewards.flatten() + (1 - dones.flatten()) * args.gamma * min_qf_next_target.view(-1)
-
         qf1_a_values = agent.qf1(obs, actions).view(-1)
         qf2_a_values = agent.qf2(obs, actions).view(-1)
         qf1_loss = F.mse_loss(qf1_a_values, next_q_value)
         qf2_loss = F.mse_loss(qf2_a_values, next_q_value)
         qf_loss = qf1_loss + qf2_loss
-
         agent.q_optimizer.zero_grad()
         qf_loss.backward()
         agent.q_optimizer.step()
@@ -255,11 +233,9 @@ def make_update_fns(agent, args):
     def update_actor_and_targets(obs):
         # The gradients this leaves on qf1 are discarded: the critic step zeroes them before it steps.
         actor_loss = -agent.qf1(obs, agent.actor(obs)).mean()
-
         agent.actor_optimizer.zero_grad()
         actor_loss.backward()
         agent.actor_optimizer.step()
-
         pairs = ((agent.actor, agent.target_actor), (agent.qf1, agent.qf1_target), (agent.qf2, agent.qf2_target))
         for net, target in pairs:
             for param, target_param in zip(net.parameters(), target.parameters()):
@@ -274,11 +250,9 @@ def train(args, run):
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     device, n_envs = run.device, args.num_envs
-
     envs = make_envs(args.env_id, args.seed, n_envs, run.video_folder)  # CleanRL's video schedule
-    n_obs = int(np.prod(envs.single_observation_space.shape))
-    n_act = int(np.prod(envs.single_action_space.shape))
     space = envs.single_action_space
+    n_obs, n_act = int(np.prod(envs.single_observation_space.shape)), int(np.prod(space.shape))
     agent = Agent(args, n_obs, n_act, space.low, space.high, device)
     update_critic, update_actor_and_targets = make_update_fns(agent, args)
     rb = ReplayBuffer(args.buffer_size, n_obs, n_act, device)
@@ -288,8 +262,7 @@ def train(args, run):
     state = {**{name: getattr(agent, name) for name in AGENT_STATE}, "rb": rb}
     first_step = run.start(state, total_steps=args.total_timesteps, warmup_steps=WARMUP_STEPS,
                            profile_steps=PROFILE_STEPS, env_steps_per_call=n_envs, warmup_from=args.learning_starts)
-    # global_step counts env steps, n_envs per vector step; the update schedule counts vector steps, as CleanRL's
-    # global_step does: one gradient step per vector step.
+    # global_step counts env steps, n_envs per vector step; updates count vector steps, as CleanRL's global_step does.
     for global_step in range(first_step, args.total_timesteps, n_envs):
         vector_step = global_step // n_envs
         run.unit(global_step)
@@ -302,13 +275,10 @@ def train(args, run):
                     # Noise of its own for each env.
                     actions += torch.normal(0, (agent.actor.action_scale * args.exploration_noise).expand_as(actions))
                     actions = actions.cpu().numpy().clip(space.low, space.high)
-
         with run.phase("env_step"):
             next_obs, rewards, terminations, truncations, infos = envs.step(actions)
-
         with run.phase("data"):
-            # A finished episode's last transition keeps its true final observation.
-            real_next_obs = next_obs.copy()
+            real_next_obs = next_obs.copy()  # a finished episode's last transition keeps its true final observation
             if "final_obs" in infos:
                 for i in np.flatnonzero(infos["_final_obs"]):
                     real_next_obs[i] = infos["final_obs"][i]
@@ -316,15 +286,13 @@ def train(args, run):
                     run.episode(global_step, episode["r"][i], episode["l"][i])
             rb.add(obs, real_next_obs, actions, rewards, terminations)
             obs = next_obs
-
         if global_step >= args.learning_starts:
             with run.phase("data"):
-                obs_b, actions_b, rewards_b, next_obs_b, dones_b = rb.sample(args.batch_size)
+                batch = rb.sample(args.batch_size)
             with run.phase("update"):
-                stats.update(update_critic(obs_b, actions_b, rewards_b, next_obs_b, dones_b))
+                stats.update(update_critic(*batch))
                 if vector_step % args.policy_frequency == 0:  # delayed policy and target updates
-                    stats.update(update_actor_and_targets(obs_b))
-
+                    stats.update(update_actor_and_targets(batch[0]))
         with run.phase("other"):
             # By then an actor update has run (in this run, if it was resumed): its statistics exist.
             logged = global_step >= max(args.learning_starts, first_step) + args.policy_frequency * n_envs
@@ -336,9 +304,8 @@ def train(args, run):
 def evaluate(args, run, saved):
     """The saved actor's action, without exploration noise, on one env: each episode's return."""
     envs = make_envs(args.env_id, args.seed, 1, run.video_folder, lambda episode: True)
-    n_obs = int(np.prod(envs.single_observation_space.shape))
-    n_act = int(np.prod(envs.single_action_space.shape))
     space = envs.single_action_space
+    n_obs, n_act = int(np.prod(envs.single_observation_space.shape)), int(np.prod(space.shape))
     actor = Actor(n_obs, n_act, space.low, space.high, device=run.device)
     actor.load_state_dict(saved["actor"])
     obs, _ = envs.reset(seed=args.seed)

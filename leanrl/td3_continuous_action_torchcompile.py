@@ -1,5 +1,5 @@
 # TD3 for continuous actions, as CleanRL defines it, made fast: on-device replay buffer, vmapped twin Q,
-# functional parameters, one lerp for every target, torch.compile and CUDA graphs.
+# functional parameters, torch.compile and CUDA graphs.
 # Docs: docs/td3.md
 import functools
 import os
@@ -85,14 +85,11 @@ class Args:
     # ---- end of run options ----
 
 
-# Steps after learning_starts that count as warm-up: the fps window starts after them.
+# Env steps after learning_starts before the fps window opens, and steps --profile-dir profiles at its start.
 WARMUP_STEPS = 200
-# Steps profiled with --profile-dir, at the start of the steady window.
 PROFILE_STEPS = 100
 # What a checkpoint keeps of the agent, with the replay buffer.
 AGENT_STATE = ("actor", "qnet_params", "qnet_target", "target_actor", "q_optimizer", "actor_optimizer")
-# The replay buffer's arrays, as a checkpoint holds them.
-BUFFER_ARRAYS = ("obs", "next_obs", "actions", "rewards", "dones")
 # The statistics of an update, logged as losses/<name>.
 STATS = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss", "qf_loss", "actor_loss")
 
@@ -107,28 +104,24 @@ def check_args(args):
         fail(f"--learning-starts {args.learning_starts} must be below --total-timesteps {args.total_timesteps}")
 
 
-def make_env(env_id, seed, video_folder=None, episode_trigger=None):
-    def thunk():
-        if video_folder is None:
+def make_envs(env_id, seed, num_envs, video_folder=None, episode_trigger=None):
+    """num_envs envs in a vector env that resets in the step that ends an episode, so the true final observation
+    comes in infos; env 0 records the video, as in CleanRL. One env steps as OneEnv."""
+
+    def make_env(i):
+        if i > 0 or video_folder is None:
             env = gym.make(env_id)
         else:
             env = gym.make(env_id, render_mode="rgb_array")
             env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=episode_trigger, disable_logger=True)
         env = gym.wrappers.RecordEpisodeStatistics(env)
-        env.action_space.seed(seed)
+        env.action_space.seed(seed + i)
         return env
 
-    return thunk
-
-
-def make_envs(env_id, seed, num_envs, video_folder=None, episode_trigger=None):
-    """num_envs envs in a vector env that resets in the same step, so the true final observation comes in infos;
-    env 0 records the video, as in CleanRL. One env steps as OneEnv."""
     try:
-        thunks = [make_env(env_id, seed + i, episode_trigger=episode_trigger) for i in range(num_envs)]
-        thunks[0] = make_env(env_id, seed, video_folder, episode_trigger)  # env 0 records
+        thunks = [functools.partial(make_env, i) for i in range(num_envs)]
         if num_envs == 1:
-            envs = OneEnv(thunks[0]())
+            envs = OneEnv(make_env(0))
         else:
             envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     except gym.error.Error as e:
@@ -140,10 +133,8 @@ def make_envs(env_id, seed, num_envs, video_folder=None, episode_trigger=None):
 
 
 class OneEnv:
-    """One env stepped as make_envs' vector env steps it (rows of one, the reset in the step that ends an episode,
-    the final observation and the episode's statistics in infos), without the vector env's generic batching and
-    info merging, which cost about as much host time as a MuJoCo step. Its batched action space draws as the
-    vector env's does: a copy of the env's seeded one."""
+    """One env stepped as make_envs' vector env steps it, without the vector env's batching and info merging (about
+    as much host time as a MuJoCo step). Its batched action space draws as the vector env's: a copy of the env's."""
 
     def __init__(self, env):
         self.env, self.single_observation_space, self.single_action_space = env, env.observation_space, env.action_space
@@ -199,12 +190,8 @@ class Actor(nn.Module):
 
 
 class ReplayBuffer:
-    """Transitions as rows of one preallocated tensor on the device, sampled uniformly with replacement there
-    into one fixed batch tensor, which the updates read: a captured update then has no inputs to copy.
-    A row is [obs, action, reward, next_obs, done], and each env step adds one per env. Adding them is two
-    parts: `stage` copies the rows to the device (host work), `push` stores them (device work only, so a captured
-    training step does it). The write positions and the size are device tensors, for the same reason.
-    """
+    """Rows [obs, action, reward, next_obs, done] of one tensor on the device, sampled uniformly with replacement into
+    one fixed batch that the updates read. `stage` copies a step's rows to the device; `push` stores them there."""
 
     def __init__(self, size, batch_size, num_envs, n_obs, n_act, device):
         widths = [n_obs, n_act, 1, n_obs, 1]
@@ -212,17 +199,14 @@ class ReplayBuffer:
         self.rows = torch.zeros(num_envs, sum(widths), device=device)
         self.batch = torch.zeros(batch_size, sum(widths), device=device)
         obs, actions, rewards, next_obs, dones = self.batch.split(widths, dim=1)
-        # Views into self.batch: each sample overwrites what they show.
-        self.fields = (obs, actions, rewards.squeeze(1), next_obs, dones.squeeze(1))
+        self.fields = (obs, actions, rewards.squeeze(1), next_obs, dones.squeeze(1))  # views: each sample rewrites
         self.ptr = torch.arange(num_envs, device=device)  # the row each env's next transition goes to
         self.size = torch.zeros(1, dtype=torch.long, device=device)
         self.max_size, self.device = size, device
 
     def stage(self, obs, next_obs, actions, rewards, dones):
-        """One transition per env, in rows."""
         rows = np.concatenate([obs, actions, rewards[:, None], next_obs, dones[:, None]], axis=1, dtype=np.float32)
-        # From pageable memory: the copy has read `rows` when it returns.
-        self.rows.copy_(torch.from_numpy(rows), non_blocking=True)
+        self.rows.copy_(torch.from_numpy(rows), non_blocking=True)  # from pageable memory: `rows` is read on return
 
     def push(self):
         self.storage.index_copy_(0, self.ptr, self.rows)
@@ -230,8 +214,7 @@ class ReplayBuffer:
         self.size.add_(len(self.rows)).clamp_(max=self.max_size)
 
     def sample(self):
-        # Uniform over the stored rows with the size on the device: 62-bit draws reduced modulo the size
-        # (a relative bias below 2**-40).
+        # Uniform with the size on the device: 62-bit draws modulo the size (a relative bias below 2**-40).
         idx = torch.randint(0, 2**62, (len(self.batch),), device=self.device).remainder_(self.size)
         torch.index_select(self.storage, 0, idx, out=self.batch)
 
@@ -240,8 +223,7 @@ class ReplayBuffer:
         return {"storage": self.storage[: int(self.size)].to("cpu", copy=True), "ptr": self.ptr, "size": self.size}
 
     def load_state_dict(self, state):
-        # In place: captured graphs and compiled functions hold these very tensors.
-        self.storage[: len(state["storage"])].copy_(state["storage"])
+        self.storage[: len(state["storage"])].copy_(state["storage"])  # in place: graphs hold these very tensors
         self.ptr.copy_(state["ptr"])
         self.size.copy_(state["size"])
 
@@ -251,18 +233,16 @@ class Agent:
 
     def __init__(self, args, n_obs, n_act, action_low, action_high, device):
         self.actor = Actor(n_obs, n_act, action_low, action_high, device=device)
-        # Both Q networks as one stacked set of parameters (and its target copy), {name: tensor of both}, which
-        # qvalues evaluates with vmap over qnet, a network without storage of its own.
+        # Both Q networks as one stacked {name: tensor of both} (and its target copy), evaluated by qvalues
         qf1 = QNetwork(n_obs, n_act, device=device)
         qf2 = QNetwork(n_obs, n_act, device=device)
         self.qnet_params, _ = torch.func.stack_module_state([qf1, qf2])
         self.qnet_target = {name: p.detach().clone() for name, p in self.qnet_params.items()}
-        self.qnet = QNetwork(n_obs, n_act, device="meta")
+        self.qnet = QNetwork(n_obs, n_act, device="meta")  # the structure, without storage
         self.target_actor = Actor(n_obs, n_act, action_low, action_high, device=device)
         self.target_actor.load_state_dict(self.actor.state_dict())
         self.target_actor.requires_grad_(False)  # only the soft update changes it, in place
-        # capturable: Adam keeps its step count on the device, so a replayed graph advances it
-        capturable = args.cudagraphs and device.type == "cuda"
+        capturable = args.cudagraphs and device.type == "cuda"  # Adam's step count on the device, for graphs
         self.q_optimizer = optim.Adam(self.qnet_params.values(), lr=args.learning_rate, capturable=capturable)
         self.actor_optimizer = optim.Adam(list(self.actor.parameters()), lr=args.learning_rate, capturable=capturable)
         # Per-dimension action bounds on the device, for clamping actions there.
@@ -277,9 +257,7 @@ class Agent:
 def make_update_fns(agent, args, batch):
     """The two steps of a TD3 update: the critic; and the delayed actor step with the soft update of every
     target network, which TD3 always does together; and the policy that acts, with its exploration noise.
-    The updates read their batch from `batch` (obs, actions, rewards, next_obs, dones), fixed tensors that
-    each sample overwrites. With --compile each is compiled; --cudagraphs captures them in make_train_step
-    (the updates) and make_act (the policy)."""
+    The updates read `batch` (obs, actions, rewards, next_obs, dones), fixed tensors that each sample rewrites."""
 
     def update_critic():
         obs, actions, rewards, next_obs, dones = batch
@@ -293,12 +271,10 @@ def make_update_fns(agent, args, batch):
             qf_next_target = agent.qvalues(agent.qnet_target, next_obs, next_state_actions)
             min_qf_next_target = qf_next_target.min(0).values
             next_q_value = rewards.flatten() + (1 - dones.flatten()) * args.gamma * min_qf_next_target.view(-1)
-
         qf1_a_values, qf2_a_values = agent.qvalues(agent.qnet_params, obs, actions).view(2, -1)
         qf1_loss = F.mse_loss(qf1_a_values, next_q_value)
         qf2_loss = F.mse_loss(qf2_a_values, next_q_value)
         qf_loss = qf1_loss + qf2_loss
-
         agent.q_optimizer.zero_grad()
         qf_loss.backward()
         agent.q_optimizer.step()
@@ -311,19 +287,16 @@ def make_update_fns(agent, args, batch):
         # qf1's detached parameters: no gradient reaches the critic, whose step would discard it anyway.
         qf1_params = {name: p[0].detach() for name, p in agent.qnet_params.items()}
         actor_loss = -torch.func.functional_call(agent.qnet, qf1_params, (obs, agent.actor(obs))).mean()
-
         agent.actor_optimizer.zero_grad()
         actor_loss.backward()
         agent.actor_optimizer.step()
-
         # one fused lerp over every target parameter
         targets = [*agent.qnet_target.values(), *agent.target_actor.parameters()]
         sources = [p.detach() for p in (*agent.qnet_params.values(), *agent.actor.parameters())]
         torch._foreach_lerp_(targets, sources, args.tau)
         return {"actor_loss": actor_loss.detach()}
 
-    def policy(obs):
-        # Exploration noise drawn and actions clipped on the device: only the final action goes to the host.
+    def policy(obs):  # exploration noise drawn and actions clipped on the device
         with torch.no_grad():
             actions = agent.actor(obs)
             actions = actions + torch.randn_like(actions) * agent.actor.action_scale * args.exploration_noise
@@ -337,10 +310,8 @@ def make_update_fns(agent, args, batch):
 
 
 def make_train_step(rb, update_critic, update_actor_and_targets, args):
-    """train_step(actor_update): what follows a (vector) env step once learning has started. It stores the
-    staged transitions (one per env), samples a batch, updates the critic, then the actor and the targets if
-    asked. With --cudagraphs each kind of step is one captured graph: one replay per vector step. The latest
-    value of each of STATS lands in `stats`, fixed device tensors."""
+    """train_step(actor_update) after a (vector) env step once learning has started: store the staged transitions,
+    sample, update; with --cudagraphs one captured graph per kind of step. `stats`: fixed tensors."""
     stats = {name: torch.zeros((), device=rb.device) for name in STATS}
 
     def step(actor_update):
@@ -352,23 +323,20 @@ def make_train_step(rb, update_critic, update_actor_and_targets, args):
         for name, value in outputs.items():
             stats[name].copy_(value)
 
-    steps = {}
+    @functools.cache
+    def step_of_kind(actor_update):
+        fn = functools.partial(step, actor_update)
+        return CudaGraphModule(fn, warmup=3 if args.compile else 2) if args.cudagraphs else fn
 
     def train_step(actor_update):
-        if actor_update not in steps:
-            steps[actor_update] = functools.partial(step, actor_update)
-            if args.cudagraphs:
-                steps[actor_update] = CudaGraphModule(steps[actor_update], warmup=3 if args.compile else 2)
-        steps[actor_update]()
+        step_of_kind(actor_update)()
 
     return train_step, stats
 
 
 def make_act(policy, args, n_obs, n_act, device):
-    """act(obs) -> actions, numpy arrays in and out, one row per env. The observation reaches a fixed device
-    tensor through pinned host memory, and the actions come back the same way. With --cudagraphs both copies are
-    part of the captured graph: acting costs one replay and one wait for the device."""
-
+    """act(obs) -> actions, numpy arrays, one row per env, through pinned host memory and fixed device tensors; with
+    --cudagraphs both copies are in the captured graph: one replay and one wait for the device."""
     pinned = device.type == "cuda"
     obs_host = torch.zeros(args.num_envs, n_obs, pin_memory=pinned)
     obs_device = torch.zeros(args.num_envs, n_obs, device=device)
@@ -396,11 +364,9 @@ def train(args, run):
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     device, n_envs = run.device, args.num_envs
-
     envs = make_envs(args.env_id, args.seed, n_envs, run.video_folder)  # CleanRL's video schedule
-    n_obs = int(np.prod(envs.single_observation_space.shape))
-    n_act = int(np.prod(envs.single_action_space.shape))
     space = envs.single_action_space
+    n_obs, n_act = int(np.prod(envs.single_observation_space.shape)), int(np.prod(space.shape))
     agent = Agent(args, n_obs, n_act, space.low, space.high, device)
     rb = ReplayBuffer(args.buffer_size, args.batch_size, n_envs, n_obs, n_act, device)
     update_critic, update_actor_and_targets, policy = make_update_fns(agent, args, rb.fields)
@@ -412,8 +378,7 @@ def train(args, run):
     state = {**{name: getattr(agent, name) for name in AGENT_STATE}, "rb": rb}
     first_step = run.start(state, total_steps=args.total_timesteps, warmup_steps=WARMUP_STEPS,
                            profile_steps=PROFILE_STEPS, env_steps_per_call=n_envs, warmup_from=args.learning_starts)
-    # global_step counts env steps, n_envs per vector step; the update schedule counts vector steps, as CleanRL's
-    # global_step does: one gradient step per vector step.
+    # global_step counts env steps, n_envs per vector step; updates count vector steps, as CleanRL's global_step does.
     for global_step in range(first_step, args.total_timesteps, n_envs):
         vector_step = global_step // n_envs
         run.unit(global_step)
@@ -424,13 +389,10 @@ def train(args, run):
                 actions, next_actions = next_actions, None
             else:
                 actions = act(obs)
-
         with run.phase("env_step"):
             next_obs, rewards, terminations, truncations, infos = envs.step(actions)
-
         with run.phase("data"):
-            # A finished episode's last transition keeps its true final observation.
-            real_next_obs = next_obs.copy()
+            real_next_obs = next_obs.copy()  # a finished episode's last transition keeps its true final observation
             if "final_obs" in infos:
                 for i in np.flatnonzero(infos["_final_obs"]):
                     real_next_obs[i] = infos["final_obs"][i]
@@ -438,20 +400,16 @@ def train(args, run):
                     run.episode(global_step, episode["r"][i], episode["l"][i])
             rb.stage(obs, real_next_obs, actions, rewards, terminations)
             obs = next_obs
-
         if global_step < args.learning_starts:
             with run.phase("data"):
                 rb.push()
         else:
             actor_update = vector_step % args.policy_frequency == 0
-            if not actor_update:
-                # This update leaves the actor as it is: act for the next step now, so that the env steps
-                # while the device runs the critic update.
+            if not actor_update:  # the actor stays as it is: act for the next step while the device updates the critic
                 with run.phase("policy"):
                     next_actions = act(obs)
             with run.phase("update"):
                 train_step(actor_update)
-
         with run.phase("other"):
             # By then an actor update has run (in this run, if it was resumed): its statistics exist.
             logged = global_step >= max(args.learning_starts, first_step) + args.policy_frequency * n_envs
@@ -463,9 +421,8 @@ def train(args, run):
 def evaluate(args, run, saved):
     """The saved actor's action, without exploration noise, on one env: each episode's return."""
     envs = make_envs(args.env_id, args.seed, 1, run.video_folder, lambda episode: True)
-    n_obs = int(np.prod(envs.single_observation_space.shape))
-    n_act = int(np.prod(envs.single_action_space.shape))
     space = envs.single_action_space
+    n_obs, n_act = int(np.prod(envs.single_observation_space.shape)), int(np.prod(space.shape))
     actor = Actor(n_obs, n_act, space.low, space.high, device=run.device)
     actor.load_state_dict(saved["actor"])
     obs, _ = envs.reset(seed=args.seed)
