@@ -511,10 +511,7 @@ import datetime, hashlib  # noqa: E401, E402
 
 import torch.distributed as dist  # noqa: E402
 
-# Seconds a rank waits for the others in a collective (the start's checks, an all-reduce) before the job fails,
-# so that a rank that died or hangs ends the run instead of stalling it; long enough for torch.compile and
-# graph capture, which run between two collectives.
-DIST_TIMEOUT_SECONDS = 900
+DIST_TIMEOUT_SECONDS = 900  # a rank that died or hangs ends the job; long enough for compilation and capture
 
 
 def world():
@@ -523,15 +520,11 @@ def world():
 
 
 def leave_process_group():
-    """dist.destroy_process_group, after a short sleep: a worker thread of the last collectives may still wait for the
-    interpreter's lock to drop its hold on their tensors, and a process that exits first aborts ("terminate called
-    without an active exception", seen once in ten 2-rank runs on the CPU); the sleep hands it the lock."""
-    time.sleep(0.1)
+    time.sleep(0.1)  # a worker thread of the last collectives may still need the interpreter's lock to let go
     dist.destroy_process_group()
 
 
 def fail_on_every_rank(message):
-    """Bad input that every rank sees: one error line, from rank 0, and exit code 2 on every rank."""
     rank = dist.get_rank()
     leave_process_group()
     if rank == 0:
@@ -540,25 +533,22 @@ def fail_on_every_rank(message):
 
 
 def digests_differ(digest):
-    """The ranks whose digest (a string) differs from rank 0's; one all-gather."""
+    """The ranks whose digest (a string) differs from rank 0's."""
     digests = [None] * dist.get_world_size()
     dist.all_gather_object(digests, digest)
     return [rank for rank, other in enumerate(digests) if other != digests[0]]
 
 
 def setup_distributed(args):
-    """Under torchrun (WORLD_SIZE set): put this rank on its GPU (cuda:LOCAL_RANK), join the process group (NCCL
-    on CUDA, gloo on the CPU) and check that every rank runs the same arguments. Ranks other than 0 then write
-    nothing: no TensorBoard, wandb, speed log, profile, checkpoint or stdout. Without torchrun, nothing to do."""
+    """Under torchrun: this rank on cuda:LOCAL_RANK, the process group joined, every rank's arguments checked equal;
+    ranks other than 0 write nothing (no TensorBoard, wandb, speed log, profile, checkpoint or stdout)."""
     if "WORLD_SIZE" not in os.environ:
         return
     cuda = torch.cuda.is_available() and args.cuda
     if cuda:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    timeout = datetime.timedelta(seconds=DIST_TIMEOUT_SECONDS)
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout)
-    differ = digests_differ(hashlib.sha256(json.dumps(asdict(args), sort_keys=True).encode()).hexdigest())
-    if differ:
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=DIST_TIMEOUT_SECONDS))
+    if differ := digests_differ(hashlib.sha256(json.dumps(asdict(args), sort_keys=True).encode()).hexdigest()):
         fail_on_every_rank(f"ranks {differ} were started with other arguments than rank 0: every rank needs the same")
     if dist.get_rank():
         args.tensorboard = args.track = False
@@ -574,40 +564,18 @@ def agree(value, op, device):
     return reduced.item()
 
 
-def broadcast_parameters(network):
-    """Rank 0's parameters to every rank, so that all start from the same network."""
-    for tensor in network.state_dict().values():
-        dist.broadcast(tensor, 0)
-
-
-def check_ranks_agree(network, global_step, rank_fps):
-    """The end of a distributed run: every rank must hold rank 0's parameters bit for bit (they start equal and
-    take the same averaged steps), else the run is an error; rank 0 prints each rank's own fps on stderr."""
-    tensors = network.state_dict().values()
-    digest = hashlib.sha256(b"".join(t.detach().cpu().numpy().tobytes() for t in tensors)).hexdigest()
-    differ = digests_differ(digest)
-    if differ:
-        fail_on_every_rank(f"after {global_step} env steps, the parameters of ranks {differ} differ from rank 0's")
-    fps = [None] * dist.get_world_size()
-    dist.all_gather_object(fps, round(rank_fps, 1))
-    if dist.get_rank() == 0:
-        print(f"env steps per second of each rank over its whole loop: {fps}", file=sys.stderr, flush=True)
-    leave_process_group()
-
-
 def resumed_apart(args, rank, global_step):
-    """After a resume every rank holds rank 0's generators: the other ranks reseed theirs apart again (from --seed,
-    the rank and the step), so that their sampling does not repeat rank 0's."""
+    """After a resume every rank holds rank 0's generators: the others reseed theirs apart, from the step."""
     if rank:
         for seed in (random.seed, np.random.seed, torch.manual_seed):
             seed(args.seed + rank + global_step)
 
 
 def join_ranks(run, network, args, global_step):
-    """After run.start under torchrun: rank 0's parameters on every rank, a resumed run's generators apart, and a
-    signal that only asks the ranks to stop together (agree_to_stop): torchrun passes a terminal's Ctrl-C on to
-    ranks that got it already, and a rank that stopped at once would leave the others in an all-reduce."""
-    broadcast_parameters(network)
+    """After run.start: rank 0's parameters on every rank; after a resume, the other ranks' generators reseeded
+    apart; a signal only asks the ranks to stop together (torchrun passes Ctrl-C on to ranks that got it already)."""
+    for tensor in network.state_dict().values():
+        dist.broadcast(tensor, 0)
     if global_step:
         resumed_apart(args, dist.get_rank(), global_step)
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -615,12 +583,22 @@ def join_ranks(run, network, args, global_step):
 
 
 def agree_to_stop(run, device):
-    """Ctrl-C or SIGTERM reaches each rank at its own moment: at the end of every iteration the ranks agree, and all
-    stop together as the next begins (rank 0 writes the checkpoint). Stopping at once would leave the others in
-    an all-reduce."""
+    """At the end of each iteration: any rank's signal stops every rank as the next begins (rank 0 saves)."""
     run.signal = int(agree(run.signal or 0, dist.ReduceOp.MAX, device)) or None
     if run.signal and dist.get_rank():
         sys.stderr = open(os.devnull, "w")  # rank 0 tells where the run stopped
+
+
+def check_ranks_agree(network, global_step, rank_fps):
+    """The end: every rank holds rank 0's parameters bit for bit, else an error; rank 0 prints each rank's fps."""
+    data = b"".join(t.detach().cpu().numpy().tobytes() for t in network.state_dict().values())
+    if differ := digests_differ(hashlib.sha256(data).hexdigest()):
+        fail_on_every_rank(f"after {global_step} env steps, the parameters of ranks {differ} differ from rank 0's")
+    fps = [None] * dist.get_world_size()
+    dist.all_gather_object(fps, round(rank_fps, 1))
+    if dist.get_rank() == 0:
+        print(f"env steps per second of each rank over its whole loop: {fps}", file=sys.stderr, flush=True)
+    leave_process_group()
 # ======== end of torchrun ========
 
 
