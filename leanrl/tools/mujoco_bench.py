@@ -1,45 +1,72 @@
-"""HalfCheetah-v4 throughput of MuJoCo on the GPU (mujoco-torch, MJX ported to PyTorch) against MuJoCo on the
-CPU (gymnasium, envpool): the go/no-go measurement of issue 18. Env steps per second, each env step five MuJoCo
-steps of 0.01 s (HalfCheetah-v4's frame skip) under uniform random actions; no policy, no rewards.
+"""Throughput of batched MuJoCo envs: env steps per second over N envs, each env step the env's frame skip of MuJoCo
+steps (HalfCheetah: five of 0.01 s), under uniform random actions; MuJoCo on the CPU against MuJoCo Warp on the
+device, alone and inside the rollout of the training script (docs/gpu_mujoco.md, "The benchmark tool").
 
-    gymnasium             gymnasium's HalfCheetah-v4, one process per env (one env: in this process); at most
-                          one env per CPU core
-    envpool               envpool's HalfCheetah-v4, its threads on every core
-    mujoco-torch-eager    torch.vmap of mujoco_torch.step over N envs, eager
-    mujoco-torch-compile  the same, torch.compile'd
-    mujoco-torch-graph-eager  the eager step, K env steps captured as one CUDA graph (CUDA only)
-    mujoco-torch-graph    the compiled step, K env steps captured as one CUDA graph (CUDA only)
+    gymnasium  gymnasium's env of --env-id, one process per env (one env: in this process); at most one env per CPU
+               core. Physics, reward, observation; no policy
+    envpool    envpool's v4 of that env (it has no v5; HalfCheetah's model file is v5's), its threads on every core
+    warp       MuJoCo Warp's physics alone: the Envs of ppo_continuous_action_gpu_mujoco_torchcompile.py, K calls of
+               its simulate() (on CUDA: one Warp graph of the frame-skip MuJoCo steps, launched on torch's stream)
+               with controls drawn once; no reward, observation, reset or policy
+    rollout    that script's collect(): K steps of the policy (sampling), Warp's physics, reward, resets,
+               normalisation and storage, as its train() builds them, in each of --modes: eager, compile,
+               cudagraphs (one CUDA graph per call; CUDA only), compile+cudagraphs (the script's fastest)
 
-The mujoco-torch backends run in each of --dtypes (float64, MJX's precision, and float32). Their constraint
-solver runs a fixed number of iterations (`fixed_iterations=True`): a data-dependent loop cannot be captured, and
-torch 2.13's vmap cannot trace mujoco-torch's early-exit loop.
+A call is K env steps of N envs; env steps/s = N*K*calls/seconds over the timed calls (at least --calls, repeated
+until --min-seconds), synchronised at the end; the warm-up calls (kernel loads, compilation, graph capture) before
+them are timed apart. Each N of the compiled modes compiles afresh.
 
-    # on the GPU machine: the paper-style sweep
-    python leanrl/tools/mujoco_bench.py --envs 1 16 256 4096 32768 131072 --out runs/mujoco_bench
-    # a quick look on a CPU (slow: the eager step runs thousands of small ops)
-    python leanrl/tools/mujoco_bench.py --envs 1 4 --backends gymnasium mujoco-torch-eager --calls 1 --out OUT
+    # a look on a CPU (Warp's CPU device; its first kernel build takes minutes, then ~/.cache/warp has it)
+    python leanrl/tools/mujoco_bench.py --envs 1 4 16 --backends gymnasium envpool warp rollout --modes eager \\
+        --out runs/mujoco_bench --figure runs/mujoco_bench/mujoco_bench.png
 
-Writes OUT/mujoco_bench.md (a table) and OUT/mujoco_bench.jsonl (one record per measurement).
+    # on the GPU machine, HalfCheetah-v5 at N = 2^6 .. 2^16 (the default there), a command per part to keep each
+    # well under 10 minutes (the first makes Warp build its kernels, about 80 s, unless ~/.cache/warp has them):
+    # the simulators (gymnasium at N = 2^4 only: one process per core), then the rollout, compiled modes apart
+    python leanrl/tools/mujoco_bench.py --backends warp envpool gymnasium --envs 2^4 2^6 2^7 2^8 2^9 2^10 2^11 \\
+        2^12 2^13 2^14 2^15 2^16 --min-seconds 1 --out runs/mujoco_bench/physics
+    python leanrl/tools/mujoco_bench.py --backends rollout --modes eager cudagraphs --min-seconds 1 \\
+        --out runs/mujoco_bench/rollout
+    python leanrl/tools/mujoco_bench.py --backends rollout --modes compile --min-seconds 1 \\
+        --out runs/mujoco_bench/rollout_compile
+    python leanrl/tools/mujoco_bench.py --backends rollout --modes compile+cudagraphs --min-seconds 1 \\
+        --out runs/mujoco_bench/rollout_compile_cudagraphs
+    # then one table and one figure of them all (no measuring)
+    python leanrl/tools/mujoco_bench.py --from-records runs/mujoco_bench/*/mujoco_bench.jsonl \\
+        --out runs/mujoco_bench --figure docs/img/mujoco_bench_h100.png
+
+Writes OUT/mujoco_bench.md (a table; with warp and rollout both measured, physics alone over rollout at each N) and
+OUT/mujoco_bench.jsonl (one record per measurement), and with --figure a PNG: env steps/s against N, log-log, one
+line per backend (and mode). Bad input: one line on stderr, exit code 2.
 """
 
 import argparse
 import datetime
+import functools
+import gc
+import importlib.metadata
+import importlib.util
 import json
+import logging
 import os
 import sys
+import tempfile
 import time
+import warnings
 
 import numpy as np
 import torch
 
-BACKENDS = (
-    "gymnasium", "envpool", "mujoco-torch-eager", "mujoco-torch-compile", "mujoco-torch-graph-eager",
-    "mujoco-torch-graph",
-)  # fmt: skip
-DTYPES = {"float64": torch.float64, "float32": torch.float32}
-FRAME_SKIP = 5  # HalfCheetah-v4: five MuJoCo steps of 0.01 s per env step
-RESET_NOISE = 0.1  # HalfCheetah-v4's reset: qpos + U(-0.1, 0.1), qvel + 0.1 * N(0, 1)
+BACKENDS = ("gymnasium", "envpool", "warp", "rollout")
+# The rollout's modes: (--compile, --cudagraphs) of the script.
+MODES = {"eager": (False, False), "compile": (True, False), "cudagraphs": (False, True),
+         "compile+cudagraphs": (True, True)}  # fmt: skip
+SCRIPT_NAME = "ppo_continuous_action_gpu_mujoco_torchcompile"
+SCRIPT_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), f"{SCRIPT_NAME}.py")
+DEFAULT_ENV_ID = "HalfCheetah-v5"
+DEFAULT_ENVS = {"cuda": [2**i for i in range(6, 17)], "cpu": [1, 4, 16]}
 WARMUP_CALLS = 2
+VERSIONS = ("mujoco", "warp-lang", "mujoco-warp", "envpool", "gymnasium")
 
 
 def fail(message):
@@ -54,11 +81,14 @@ class Parser(argparse.ArgumentParser):
 
 
 def positive(option):
+    """A count given as 4096 or 2^12, which must be positive."""
+
     def parse(text):
         try:
-            value = int(text)
+            base, _, power = text.partition("^")
+            value = int(base) ** int(power) if power else int(base)
         except ValueError:
-            fail(f"{option} {text!r} is not a whole number")
+            fail(f"{option} {text!r} is not a whole number (like 4096 or 2^12)")
         if value <= 0:
             fail(f"{option} {text} must be positive")
         return value
@@ -66,183 +96,378 @@ def positive(option):
     return parse
 
 
-def unavailable(backend, n, device):
-    """Why a backend cannot run here at n envs, or None."""
+@functools.cache
+def load_script():
+    """(the training script as a module, its main() not run; or None, and why it does not load)."""
+    try:
+        spec = importlib.util.spec_from_file_location(SCRIPT_NAME, SCRIPT_PATH)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except Exception as e:  # warp and mujoco_warp fail to import in more ways than ImportError
+        return None, f"{SCRIPT_NAME}.py does not load: {type(e).__name__}: {e}".splitlines()[0]
+    return module, None
+
+
+def envpool_id(env_id):
+    return env_id.replace("-v5", "-v4")  # envpool's newest MuJoCo envs are v4
+
+
+def unavailable(backend, n, device, env_id=DEFAULT_ENV_ID, mode=None):
+    """Why a backend (in a mode) cannot run here at n envs, or None."""
     if backend == "gymnasium" and n > (os.cpu_count() or 1):
         return f"one process per env, and {n} envs are more than the {os.cpu_count()} cores"
-    if backend.startswith("mujoco-torch-graph") and device.type != "cuda":
-        return "CUDA graphs need CUDA"
-    module = {"envpool": "envpool"}.get(backend, "mujoco_torch" if backend.startswith("mujoco-torch") else None)
-    if module:
+    if backend == "envpool":
         try:
-            __import__(module)
-        except Exception as e:  # both fail to import in more ways than ImportError
-            return f"`import {module}` failed: {type(e).__name__}: {e}".splitlines()[0]
+            import envpool
+        except Exception as e:  # it fails to import in more ways than ImportError
+            return f"`import envpool` failed: {type(e).__name__}: {e}".splitlines()[0]
+        if envpool_id(env_id) not in envpool.list_all_envs():
+            return f"envpool has no {envpool_id(env_id)}"
+    if backend in ("warp", "rollout"):
+        if MODES.get(mode, (False, False))[1] and device.type != "cuda":
+            return "CUDA graphs need CUDA"
+        return load_script()[1]
     return None
 
 
-def cpu_simulator(backend, n, seed):
-    """call(): K env steps of n envs on the CPU, random actions."""
+def cpu_simulator(backend, n, env_id, seed):
+    """(call(k): k env steps of n envs on the CPU under random actions, close, what runs)."""
     rng = np.random.default_rng(seed)
     if backend == "envpool":
         import envpool
 
-        envs = envpool.make_gymnasium("HalfCheetah-v4", num_envs=n, seed=seed)
+        envs = envpool.make_gymnasium(envpool_id(env_id), num_envs=n, seed=seed)
         envs.reset()
+        variant = f"envpool {envpool.__version__} {envpool_id(env_id)}"
     else:
         import gymnasium as gym
 
-        envs = gym.make_vec("HalfCheetah-v4", num_envs=n, vectorization_mode="sync" if n == 1 else "async")
+        vectorization = "sync" if n == 1 else "async"
+        envs = gym.make_vec(env_id, num_envs=n, vectorization_mode=vectorization)
         envs.reset(seed=seed)
+        variant = f"gymnasium {gym.__version__} {env_id} {vectorization}"
     low, high = envs.single_action_space.low, envs.single_action_space.high
 
     def call(k):
         for _ in range(k):
             envs.step(rng.uniform(low, high, size=(n, len(low))).astype(np.float32))
 
-    return call, envs.close
+    return call, envs.close, variant
 
 
-def gpu_simulator(backend, n, k, device, dtype, seed):
-    """call(): K env steps of n batched HalfCheetahs with mujoco-torch, random actions drawn on the device."""
-    import mujoco
-    import mujoco_torch
-    from etils import epath
-
-    # The model file mujoco-torch ships for its HalfCheetah: gymnasium's half_cheetah.xml.
-    xml = (epath.resource_path("mujoco_torch") / "test_data" / "halfcheetah.xml").read_text()
-    model = mujoco.MjModel.from_xml_string(xml)
-    data = mujoco.MjData(model)
-    mujoco.mj_forward(model, data)
-    mx = mujoco_torch.device_put(model, dtype=dtype).to(device)
-    dx = torch.stack([mujoco_torch.device_put(data, dtype=dtype).to(device)] * n)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    qpos = dx.qpos + (torch.rand(dx.qpos.shape, generator=gen, device=device, dtype=dtype) * 2 - 1) * RESET_NOISE
-    qvel = dx.qvel + torch.randn(dx.qvel.shape, generator=gen, device=device, dtype=dtype) * RESET_NOISE
-    state = {"data": dx.replace(qpos=qpos, qvel=qvel)}
-
-    # One MuJoCo step is what gets compiled, called FRAME_SKIP times: compiled as one function, the env step's five
-    # steps made a graph five times as large, and no compile of it finished within 5.5 min on the H100.
-    physics_step = torch.vmap(lambda d: mujoco_torch.step(mx, d, fixed_iterations=True))
-    if backend in ("mujoco-torch-compile", "mujoco-torch-graph"):
-        physics_step = torch.compile(physics_step)
-
-    def env_step(d):
-        d = d.replace(ctrl=torch.rand(d.ctrl.shape, device=device, dtype=dtype) * 2 - 1)
-        for _ in range(FRAME_SKIP):
-            d = physics_step(d)
-        return d
+def warp_physics(n, env_id, device, seed):
+    """(call(k): k env steps of Warp's physics alone, the script's Envs.simulate, under fixed random controls)."""
+    script = load_script()[0]
+    torch.manual_seed(seed)
+    envs = script.Envs(env_id, n, script.Args.gamma, device)
+    envs.ctrl.copy_(envs.low + (envs.high - envs.low) * torch.rand(envs.ctrl.shape, device=device))
 
     def call(k):
         for _ in range(k):
-            state["data"] = env_step(state["data"])
+            envs.simulate()
 
-    if not backend.startswith("mujoco-torch-graph"):
-        return call, lambda: None
-    # K steps into one graph, after warm-up steps: the data the graph reads is the data its
-    # last step writes back.
-    for _ in range(WARMUP_CALLS):
-        call(1)
-    static = state["data"]
-    graph = torch.cuda.CUDAGraph()
-    torch.cuda.synchronize(device)
-    with torch.cuda.graph(graph):
-        out = static
-        for _ in range(k):
-            out = env_step(out)
-        static.copy_(out)
-    return lambda k: graph.replay(), lambda: None
+    return call
 
 
-def measure(call, k, device, calls):
-    """(warm-up seconds, seconds) of WARMUP_CALLS calls, then of `calls` calls of K env steps."""
+def rollout_collect(n, k, env_id, mode, device, seed):
+    """(call(k): the script's collect() of k steps as its train() builds it in the mode, the warm-up calls it needs)."""
+    script = load_script()[0]
+    compile, cudagraphs = MODES[mode]
+    # Each N compiles afresh, as the script would: dynamo would otherwise recompile the policy for a dynamic N.
+    torch._dynamo.reset()
+    torch.manual_seed(seed)
+    args = script.Args(env_id=env_id, num_envs=n, num_steps=k, compile=compile, cudagraphs=cudagraphs, seed=seed)
+    envs = script.Envs(env_id, n, args.gamma, device)
+    n_obs, n_act = envs.obs.shape[1], envs.n_act
+    agent = script.Agent(args, n_obs, n_act, device)
+    _, _, policy, _ = script.make_update_fns(agent, args)
+    rollout = script.Rollout(k, n, n_obs, n_act, device)
+    rollout.obs[-1], rollout.dones[-1] = envs.obs, envs.done
+    collect = script.make_collect(agent, policy, envs, rollout, args)
+    # A captured collect: its eager calls and its capture (CudaGraphModule's warmup), then one replay, as the first
+    # is slower.
+    warmup_calls = collect._warmup + 2 if cudagraphs else WARMUP_CALLS
+    return lambda k: collect(), warmup_calls
+
+
+def measure(call, k, device, calls, min_seconds, warmup_calls=WARMUP_CALLS):
+    """(warm-up seconds, timed calls, seconds): warmup_calls calls, then at least `calls` calls of K env steps,
+    repeated until min_seconds have passed."""
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     t = time.perf_counter()
-    for _ in range(WARMUP_CALLS):
+    for _ in range(warmup_calls):
         call(k)
     sync()
     warmup = time.perf_counter() - t
-    t = time.perf_counter()
-    for _ in range(calls):
+    done, t = 0, time.perf_counter()
+    while done < calls or time.perf_counter() - t < min_seconds:
         call(k)
+        done += 1
     sync()
-    return warmup, time.perf_counter() - t
+    return warmup, done, time.perf_counter() - t
+
+
+def run_one(backend, mode, n, device, args, environment):
+    """The record of one backend (in a mode) at n envs."""
+    close, warmup_calls, runs_on = (lambda: None), WARMUP_CALLS, device.type
+    if backend in ("gymnasium", "envpool"):
+        call, close, variant = cpu_simulator(backend, n, args.env_id, args.seed)
+        runs_on = "cpu"
+    elif backend == "warp":
+        call, variant = warp_physics(n, args.env_id, device, args.seed), f"{SCRIPT_NAME}.Envs.simulate"
+    else:
+        call, warmup_calls = rollout_collect(n, args.steps, args.env_id, mode, device, args.seed)
+        flags = [flag for flag, on in zip(("--compile", "--cudagraphs"), MODES[mode]) if on]
+        variant = " ".join([f"{SCRIPT_NAME}.make_collect", *flags])
+    try:
+        warmup, calls, seconds = measure(call, args.steps, device, args.calls, args.min_seconds, warmup_calls)
+    finally:
+        close()
+    steps = n * args.steps * calls
+    return {"backend": backend, "mode": mode, "variant": variant, "env_id": args.env_id, "num_envs": n,
+            "steps_per_call": args.steps, "calls": calls, "seconds": seconds, "env_steps_per_second": steps / seconds,
+            "runs_on": runs_on, "warmup_calls": warmup_calls, "warmup_seconds": round(warmup, 3),
+            **environment}  # fmt: skip
+
+
+def label(record, env=False):
+    """A record's line: its backend, its mode (the rollout's), and its env where `env`."""
+    return record["backend"] + (f" ({record['mode']})" if record.get("mode") else "") + f" {record['env_id']}" * env
+
+
+def line_key(record):
+    """The figure's and the table's order: BACKENDS, then MODES."""
+    return BACKENDS.index(record["backend"]), list(MODES).index(record["mode"]) if record.get("mode") else -1
+
+
+def render_markdown(records, skipped):
+    environments = dict.fromkeys(
+        f"{r['device']}, {r['cpu_count']} CPU cores, torch {r['torch']}, mujoco {r.get('mujoco')}, "
+        f"warp-lang {r.get('warp-lang')}, mujoco-warp {r.get('mujoco-warp')}, {r['date']}"
+        for r in records
+    )  # fmt: skip
+    env_ids = sorted({r["env_id"] for r in records})
+    rows = [
+        f"| {label(r, len(env_ids) > 1)} | {r['num_envs']} | {r['env_steps_per_second']:,.0f} | "
+        f"{r['calls']} of {r['steps_per_call']} | {r['warmup_seconds']:.2f} | {r.get('variant', '')} |"
+        for r in sorted(records, key=lambda r: (line_key(r), r["env_id"], r["num_envs"]))
+    ]
+    lines = [
+        f"# {', '.join(env_ids)}: env steps per second",
+        "",
+        *environments,
+        "",
+        "Each env step is the env's frame skip of MuJoCo steps; random actions; env steps/s = N*K*calls/seconds "
+        "over the timed calls of K env steps, after the warm-up calls (their seconds apart).",
+        "",
+        "| backend | N | env steps/s | calls of K | warm-up s | what runs |",
+        "|---|---|---|---|---|---|",
+        *rows,
+    ]
+    physics = {(r["env_id"], r["num_envs"]): r["env_steps_per_second"] for r in records if r["backend"] == "warp"}
+    rollouts = [r for r in records if r["backend"] == "rollout" and (r["env_id"], r["num_envs"]) in physics]
+    if rollouts:
+        modes = [m for m in MODES if any(r["mode"] == m for r in rollouts)]
+        rates = {(r["env_id"], r["num_envs"], r["mode"]): r["env_steps_per_second"] for r in rollouts}
+        lines += ["", "Physics alone (warp) over the rollout, env steps/s: how much the rest of the rollout costs.", ""]
+        lines += ["| env | N | " + " | ".join(modes) + " |", "|---|---|" + "---|" * len(modes)]
+        for env_id, n in sorted({(r["env_id"], r["num_envs"]) for r in rollouts}):
+            cells = [f"{physics[env_id, n] / rates[env_id, n, m]:.2f}" if (env_id, n, m) in rates else "—"
+                     for m in modes]  # fmt: skip
+            lines.append(f"| {env_id} | {n} | " + " | ".join(cells) + " |")
+    if skipped:
+        lines += ["", "Skipped:", "", *(f"- {s}" for s in skipped)]
+    return "\n".join(lines) + "\n"
+
+
+def render_figure(records, path):
+    """Env steps/s against N, log-log, one line per backend (and mode; and env, where there are several)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    env_ids = sorted({r["env_id"] for r in records})
+    lines = {}
+    for r in sorted(records, key=line_key):
+        lines.setdefault(label(r, len(env_ids) > 1), []).append((r["num_envs"], r["env_steps_per_second"]))
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, (name, points) in enumerate(lines.items()):
+        ax.plot(*zip(*sorted(points)), marker="o", label=name, color=f"C{i}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("envs N")
+    ax.set_ylabel("env steps/s")
+    devices = ", ".join(dict.fromkeys(r["device"] for r in records))
+    ax.set_title(f"{', '.join(env_ids)} env steps/s against N ({devices})", fontsize=10)
+    ax.grid(True, which="major", alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=120)
+    finally:
+        plt.close(fig)
+
+
+def write_outputs(records, skipped, args):
+    with open(os.path.join(args.out, "mujoco_bench.md"), "w") as f:
+        f.write(render_markdown(records, skipped))
+    with open(os.path.join(args.out, "mujoco_bench.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    if args.figure:
+        render_figure(records, args.figure)
+    written = ["mujoco_bench.md", "mujoco_bench.jsonl"] + [args.figure] * bool(args.figure)
+    print(f"wrote {args.out}/{written[0]}, {', '.join(written[1:])}", file=sys.stderr)
+
+
+def read_records(paths):
+    """The records of earlier runs' mujoco_bench.jsonl files, in order."""
+    records = []
+    for path in paths:
+        try:
+            with open(path) as f:
+                for number, line in enumerate(f, 1):
+                    if line.strip():
+                        records.append(json.loads(line))
+                        if not {"backend", "num_envs", "env_steps_per_second"} <= set(records[-1]):
+                            raise ValueError("not a record of this tool")
+        except OSError as e:
+            fail(f"--from-records {path}: {e.strerror or e}")
+        except ValueError as e:  # json's errors too
+            fail(f"--from-records {path}, line {number}: {str(e).splitlines()[0]}")
+    if not records:
+        fail(f"--from-records {' '.join(paths)}: no records")
+    return records
 
 
 def parse_args(argv):
     parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--envs", nargs="+", type=positive("--envs"), default=[1, 16, 256, 4096, 32768])
+    parser.add_argument("--envs", nargs="+", type=positive("--envs"),
+                        help="N, as 4096 or 2^12 (default: 2^6 .. 2^16 on CUDA, 1 4 16 on the CPU)")  # fmt: skip
     parser.add_argument("--steps", type=positive("--steps"), default=16, help="env steps per call, K")
-    parser.add_argument("--calls", type=positive("--calls"), default=5, help="timed calls after the warm-up")
-    parser.add_argument("--backends", nargs="+", default=list(BACKENDS))
-    parser.add_argument("--dtypes", nargs="+", default=list(DTYPES))
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--calls", type=positive("--calls"), default=5, help="timed calls after the warm-up, at least")
+    parser.add_argument("--min-seconds", type=float, default=0.0, help="timed calls repeat until this long")
+    parser.add_argument("--backends", nargs="+", default=list(BACKENDS), help=f"any of {', '.join(BACKENDS)}")
+    parser.add_argument("--modes", nargs="+", default=list(MODES), help=f"the rollout's: any of {', '.join(MODES)}")
+    parser.add_argument("--env-id", default=DEFAULT_ENV_ID, help="one of the script's envs")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="Warp's and the rollout's (gymnasium and envpool run on the CPU)")  # fmt: skip
+    parser.add_argument("--torch-threads", type=int, default=1,
+                        help="torch's intra-op CPU threads, as the script's option (0: torch's default)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--figure", help="write a PNG of env steps/s against N here")
+    parser.add_argument("--from-records", nargs="+", metavar="JSONL",
+                        help="measure nothing: the table and figure of earlier runs' mujoco_bench.jsonl")  # fmt: skip
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    for name, given, known in (("backend", args.backends, BACKENDS), ("dtype", args.dtypes, DTYPES)):
-        for value in given:
+    for option, values, known in (("backend", args.backends, BACKENDS), ("mode", args.modes, MODES)):
+        for value in values:
             if value not in known:
-                fail(f"unknown {name} {value!r}: one of {', '.join(known)}")
+                fail(f"unknown {option} {value!r}: one of {', '.join(known)}")
+    if not args.min_seconds >= 0:
+        fail(f"--min-seconds {args.min_seconds} must be 0 or more")
+    if args.torch_threads < 0:
+        fail(f"--torch-threads {args.torch_threads} must be 0 (torch's default) or positive")
     try:
-        os.makedirs(args.out, exist_ok=True)
-        open(os.path.join(args.out, "mujoco_bench.jsonl"), "w").close()
-    except OSError as e:
-        fail(f"--out {args.out} cannot be written: {e.strerror or e}")
+        args.device = torch.device(args.device)
+    except RuntimeError as e:
+        fail(f"--device {args.device!r}: {str(e).splitlines()[0]}")
+    if args.device.type not in ("cpu", "cuda"):
+        fail(f"--device {args.device} is neither cpu nor cuda")
+    if args.device.type == "cuda" and not torch.cuda.is_available():
+        fail("--device cuda, but CUDA is not available")
+    args.envs = args.envs or DEFAULT_ENVS[args.device.type]
+    if args.figure and not args.figure.lower().endswith(".png"):
+        fail(f"--figure {args.figure} is not a .png file")
+    folders = [("--out", args.out)] + ([("--figure", os.path.dirname(args.figure) or ".")] if args.figure else [])
+    for option, folder in folders:
+        try:
+            os.makedirs(folder, exist_ok=True)
+            tempfile.TemporaryFile(dir=folder).close()
+        except OSError as e:
+            fail(f"{option} {folder} cannot be written: {e.strerror or e}")
+    if not args.from_records:
+        # The script's envs, where it loads (it needs warp); else gymnasium's MuJoCo envs, for its simulators.
+        script = load_script()[0]
+        if script is not None and args.env_id not in script.ENVS:
+            fail(f"--env-id {args.env_id!r} is not one of the script's environments: {', '.join(script.ENVS)}")
+        if script is None:
+            import gymnasium as gym
+
+            if args.env_id not in gym.envs.registry:
+                fail(f"--env-id {args.env_id!r} is not a gymnasium environment")
     return args
 
 
-def main(argv=None):
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    device = torch.device(args.device)
-    environment = {
+def environment_of(device):
+    """What a record says about where it ran."""
+    versions = {}
+    for package in VERSIONS:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    return {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
+        **versions,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def quiet():
+    """What the script's harness sets before its train(): the notes that are not the user's concern silenced."""
+    script = load_script()[0]
+    for message in script.QUIET_WARNINGS if script else ():
+        warnings.filterwarnings("ignore", message)
+    logging.getLogger("tensordict").setLevel(logging.WARNING)  # its INFO lines on each graph capture
+    logging.getLogger("torch._dynamo.variables.ctx_manager").setLevel(logging.ERROR)
+
+
+def main(argv=None):
+    """Measure (or read) the records, write the outputs, and return the records."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.from_records:
+        records = read_records(args.from_records)
+        write_outputs(records, [], args)
+        return records
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    device, environment = args.device, environment_of(args.device)
     records, skipped = [], []
-    for backend in args.backends:
-        dtypes = args.dtypes if backend.startswith("mujoco-torch") else ["float64"]  # MuJoCo's C code: float64
-        for dtype in dtypes:
-            for n in args.envs:
-                reason = unavailable(backend, n, device)
-                if reason:
-                    skipped.append(f"{backend} ({dtype}, N={n}): {reason}")
-                    print(f"skipped {skipped[-1]}", file=sys.stderr)
-                    continue
-                if backend in ("gymnasium", "envpool"):
-                    call, close = cpu_simulator(backend, n, args.seed)
-                else:
-                    torch._dynamo.reset()  # each size compiles afresh, as a run of one size would
-                    call, close = gpu_simulator(backend, n, args.steps, device, DTYPES[dtype], args.seed)
-                warmup, seconds = measure(call, args.steps, device, args.calls)
-                close()
-                steps = n * args.steps * args.calls
-                records.append({"backend": backend, "dtype": dtype, "num_envs": n, "steps_per_call": args.steps,
-                                "calls": args.calls, "seconds": seconds,
-                                "env_steps_per_second": steps / seconds,
-                                "warmup_seconds": round(warmup, 3), **environment})  # fmt: skip
-                print(f"{backend} {dtype} N={n}: {steps / seconds:.3g} env steps/s", file=sys.stderr, flush=True)
-                with open(os.path.join(args.out, "mujoco_bench.jsonl"), "a") as f:
-                    f.write(json.dumps(records[-1]) + "\n")
-    lines = [
-        "# HalfCheetah-v4 env steps per second",
-        "",
-        f"{environment['device']}, {environment['cpu_count']} CPU cores, torch {environment['torch']}, "
-        f"{environment['date']}. Each env step is {FRAME_SKIP} MuJoCo steps; random actions; "
-        f"{args.calls} timed calls of {args.steps} env steps after {WARMUP_CALLS} warm-up calls.",
-        "",
-        "| backend | dtype | N | env steps/s | warm-up s |",
-        "|---|---|---|---|---|",
-        *(f"| {r['backend']} | {r['dtype']} | {r['num_envs']} | {r['env_steps_per_second']:.3g} | "
-          f"{r['warmup_seconds']:.2f} |" for r in records),  # fmt: skip
-    ]
-    if skipped:
-        lines += ["", "Skipped:", "", *(f"- {s}" for s in skipped)]
-    with open(os.path.join(args.out, "mujoco_bench.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print(f"wrote {args.out}/mujoco_bench.md and mujoco_bench.jsonl", file=sys.stderr)
+    open(os.path.join(args.out, "mujoco_bench.jsonl"), "w").close()
+    try:
+        for backend in args.backends:
+            for mode in args.modes if backend == "rollout" else [None]:
+                for n in args.envs:
+                    what = f"{backend}{f' ({mode})' if mode else ''} (N={n})"
+                    reason = unavailable(backend, n, device, args.env_id, mode)
+                    if reason:
+                        skipped.append(f"{what}: {reason}")
+                        print(f"skipped {skipped[-1]}", file=sys.stderr, flush=True)
+                        continue
+                    if backend in ("warp", "rollout"):
+                        quiet()
+                    try:
+                        records.append(run_one(backend, mode, n, device, args, environment))
+                    except torch.OutOfMemoryError:
+                        skipped.append(f"{what}: out of memory")
+                        print(f"skipped {skipped[-1]}", file=sys.stderr, flush=True)
+                        continue
+                    finally:
+                        gc.collect()  # this size's envs, graphs and buffers go before the next is built
+                        if device.type == "cuda":
+                            torch.cuda.empty_cache()
+                    r = records[-1]
+                    print(f"{what}: {r['env_steps_per_second']:,.0f} env steps/s ({r['calls']} calls in "
+                          f"{r['seconds']:.2f} s, warm-up {r['warmup_seconds']:.2f} s)", file=sys.stderr,
+                          flush=True)  # fmt: skip
+                    with open(os.path.join(args.out, "mujoco_bench.jsonl"), "a") as f:
+                        f.write(json.dumps(r) + "\n")
+    finally:  # what was measured is written, also when a size fails
+        write_outputs(records, skipped, args)
     return records
 
 
