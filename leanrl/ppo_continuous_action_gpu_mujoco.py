@@ -94,8 +94,6 @@ WARMUP_ITERATIONS = 3
 PROFILE_ITERATIONS = 1
 # The statistics of a minibatch update, in the order they are logged.
 STATS = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "grad_norm")
-# gymnasium's TimeLimit of its MuJoCo envs, and the clip of normalised observations and rewards (CleanRL's wrappers).
-MAX_EPISODE_STEPS, NORMALIZED_CLIP = 1000, 10.0
 
 
 def check_args(args):
@@ -108,6 +106,11 @@ def check_args(args):
         fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample; --norm-adv needs two")
     if args.total_timesteps < args.num_envs * args.num_steps:
         fail(f"--total-timesteps {args.total_timesteps} is below one rollout, {batch}")
+
+
+# ======== MuJoCo Warp envs: the same in every script on them, stamped from ppo_continuous_action_gpu_mujoco.py ========
+# gymnasium's TimeLimit of its MuJoCo envs, and the clip of normalised observations and rewards (CleanRL's wrappers).
+MAX_EPISODE_STEPS, NORMALIZED_CLIP = 1000, 10.0
 
 
 class HalfCheetah:
@@ -232,12 +235,6 @@ class Envs:
         if self.task.contact_forces:
             mjw.rne_postconstraint(self.model, self.data)
 
-    def simulate(self):
-        """mujoco_steps; on CUDA, their Warp graph launched on torch's current stream."""
-        if self.graph is None:
-            return self.mujoco_steps()
-        wp.capture_launch(self.graph, stream=wp.stream_from_torch(torch.cuda.current_stream()))
-
     def observe(self, fresh=None):
         """gymnasium's _get_obs; no contact forces where an episode has just reset, `fresh` (mj_resetData zeroes them
         and mj_forward leaves them)."""
@@ -284,6 +281,20 @@ class Envs:
         self.episode_return.masked_fill_(done, 0.0)
         return torch.where(done[:, None], self.observe(fresh=done), final_obs), final_obs, reward, terminated, truncated
 
+    def ended_episodes(self):
+        """(episodes ended, sum of their returns, sum of their lengths) since the last call, device scalars."""
+        ended = self.ended.sum(1)
+        self.ended.zero_()
+        return ended
+
+    # ======== end of MuJoCo Warp envs ========
+
+    def simulate(self):
+        """mujoco_steps; on CUDA, their Warp graph launched on torch's current stream."""
+        if self.graph is None:
+            return self.mujoco_steps()
+        wp.capture_launch(self.graph, stream=wp.stream_from_torch(torch.cuda.current_stream()))
+
     def step(self, action):
         """step_raw through gymnasium's vector NormalizeObservation and NormalizeReward (same-step auto-reset) and the
         clips: (next observation, reward, done, final observation, truncated and not terminated), normalised."""
@@ -296,12 +307,6 @@ class Envs:
         self.discounted_return.masked_fill_(self.done.bool(), 0.0)
         reward = self.return_rms.normalize(reward, center=False)
         return self.obs, reward, self.done, self.obs_rms.normalize(final_obs), truncated & ~terminated
-
-    def ended_episodes(self):
-        """(episodes ended, sum of their returns, sum of their lengths) since the last call, device scalars."""
-        ended = self.ended.sum(1)
-        self.ended.zero_()
-        return ended
 
 
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):

@@ -102,8 +102,6 @@ PROFILE_STEPS = 2
 AGENT_STATE = ("actor", "qf1", "qf2", "qf1_target", "qf2_target", "q_optimizer", "actor_optimizer")
 # The statistics of an update, logged as losses/<name>.
 STATS = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss", "qf_loss", "actor_loss")
-# gymnasium's TimeLimit of its MuJoCo envs, and the clip of normalised observations (CleanRL's wrappers).
-MAX_EPISODE_STEPS, NORMALIZED_CLIP = 1000, 10.0
 
 
 def check_args(args):
@@ -124,6 +122,11 @@ def check_args(args):
         fail(f"--num-atoms {args.num_atoms} must be >= 2 and --v-max {args.v_max} positive")
     if args.std_min > args.std_max:
         fail(f"--std-min {args.std_min} must be at most --std-max {args.std_max}")
+
+
+# ======== MuJoCo Warp envs: the same in every script on them, stamped from ppo_continuous_action_gpu_mujoco.py ========
+# gymnasium's TimeLimit of its MuJoCo envs, and the clip of normalised observations and rewards (CleanRL's wrappers).
+MAX_EPISODE_STEPS, NORMALIZED_CLIP = 1000, 10.0
 
 
 class HalfCheetah:
@@ -248,12 +251,6 @@ class Envs:
         if self.task.contact_forces:
             mjw.rne_postconstraint(self.model, self.data)
 
-    def simulate(self):
-        """mujoco_steps; on CUDA, their Warp graph launched on torch's current stream."""
-        if self.graph is None:
-            return self.mujoco_steps()
-        wp.capture_launch(self.graph, stream=wp.stream_from_torch(torch.cuda.current_stream()))
-
     def observe(self, fresh=None):
         """gymnasium's _get_obs; no contact forces where an episode has just reset, `fresh` (mj_resetData zeroes them
         and mj_forward leaves them)."""
@@ -300,24 +297,19 @@ class Envs:
         self.episode_return.masked_fill_(done, 0.0)
         return torch.where(done[:, None], self.observe(fresh=done), final_obs), final_obs, reward, terminated, truncated
 
-    def step(self, action):
-        """step_raw through gymnasium's vector NormalizeObservation and NormalizeReward (same-step auto-reset) and the
-        clips: (next observation, reward, done, final observation, truncated and not terminated), normalised."""
-        raw_obs, final_obs, reward, terminated, truncated = self.step_raw(action)
-        self.obs_rms.update(raw_obs)
-        self.obs.copy_(self.obs_rms.normalize(raw_obs))
-        self.discounted_return.copy_(self.discounted_return * self.gamma * ~terminated + reward)
-        self.return_rms.update(self.discounted_return)
-        self.done.copy_(terminated | truncated)
-        self.discounted_return.masked_fill_(self.done.bool(), 0.0)
-        reward = self.return_rms.normalize(reward, center=False)
-        return self.obs, reward, self.done, self.obs_rms.normalize(final_obs), truncated & ~terminated
-
     def ended_episodes(self):
         """(episodes ended, sum of their returns, sum of their lengths) since the last call, device scalars."""
         ended = self.ended.sum(1)
         self.ended.zero_()
         return ended
+
+    # ======== end of MuJoCo Warp envs ========
+
+    def simulate(self):
+        """mujoco_steps; on CUDA, their Warp graph launched on torch's current stream."""
+        if self.graph is None:
+            return self.mujoco_steps()
+        wp.capture_launch(self.graph, stream=wp.stream_from_torch(torch.cuda.current_stream()))
 
 
 def layer_widths(hidden_dim):

@@ -109,8 +109,6 @@ PROFILE_STEPS = 2
 AGENT_STATE = ("actor", "qnet_params", "qnet_target", "q_optimizer", "actor_optimizer")
 # The statistics of an update, logged as losses/<name>.
 STATS = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss", "qf_loss", "actor_loss")
-# gymnasium's TimeLimit of its MuJoCo envs, and the clip of normalised observations (CleanRL's wrappers).
-MAX_EPISODE_STEPS, NORMALIZED_CLIP = 1000, 10.0
 
 
 def check_args(args):
@@ -131,6 +129,11 @@ def check_args(args):
         fail(f"--num-atoms {args.num_atoms} must be >= 2 and --v-max {args.v_max} positive")
     if args.std_min > args.std_max:
         fail(f"--std-min {args.std_min} must be at most --std-max {args.std_max}")
+
+
+# ======== MuJoCo Warp envs: the same in every script on them, stamped from ppo_continuous_action_gpu_mujoco.py ========
+# gymnasium's TimeLimit of its MuJoCo envs, and the clip of normalised observations and rewards (CleanRL's wrappers).
+MAX_EPISODE_STEPS, NORMALIZED_CLIP = 1000, 10.0
 
 
 class HalfCheetah:
@@ -230,7 +233,7 @@ class Envs:
         if device.type == "cuda":  # the MuJoCo steps of an env step as one Warp graph
             with wp.ScopedCapture() as capture:
                 self.mujoco_steps()
-            self.graph, self.captured = capture.graph, []
+            self.graph = capture.graph
         else:
             self.mujoco_steps()
         wp.synchronize_device()
@@ -254,21 +257,6 @@ class Envs:
             mjw.step(self.model, self.data)
         if self.task.contact_forces:
             mjw.rne_postconstraint(self.model, self.data)
-
-    @torch.compiler.disable  # Warp's launches: outside what torch.compile traces
-    def simulate(self):
-        """mujoco_steps; on CUDA, their Warp graph launched on torch's current stream."""
-        if self.graph is None:
-            return self.mujoco_steps()
-        stream = wp.stream_from_torch(torch.cuda.current_stream())
-        if not torch.cuda.is_current_stream_capturing():
-            return wp.capture_launch(self.graph, stream=stream)
-        # In torch's capture of the rollout a Warp graph cannot launch, but Warp's kernels join that capture once
-        # Warp is told of it (an external capture); the Warp graph it returns holds their memory, kept.
-        wp.capture_begin(stream=stream, external=True, capture_mode=wp.CaptureMode.GLOBAL)
-        with wp.ScopedStream(stream, sync_enter=False):
-            self.mujoco_steps()
-        self.captured.append(wp.capture_end(stream=stream))
 
     def observe(self, fresh=None):
         """gymnasium's _get_obs; no contact forces where an episode has just reset, `fresh` (mj_resetData zeroes them
@@ -316,24 +304,30 @@ class Envs:
         self.episode_return.masked_fill_(done, 0.0)
         return torch.where(done[:, None], self.observe(fresh=done), final_obs), final_obs, reward, terminated, truncated
 
-    def step(self, action):
-        """step_raw through gymnasium's vector NormalizeObservation and NormalizeReward (same-step auto-reset) and the
-        clips: (next observation, reward, done, final observation, truncated and not terminated), normalised."""
-        raw_obs, final_obs, reward, terminated, truncated = self.step_raw(action)
-        self.obs_rms.update(raw_obs)
-        self.obs.copy_(self.obs_rms.normalize(raw_obs))
-        self.discounted_return.copy_(self.discounted_return * self.gamma * ~terminated + reward)
-        self.return_rms.update(self.discounted_return)
-        self.done.copy_(terminated | truncated)
-        self.discounted_return.masked_fill_(self.done.bool(), 0.0)
-        reward = self.return_rms.normalize(reward, center=False)
-        return self.obs, reward, self.done, self.obs_rms.normalize(final_obs), truncated & ~terminated
-
     def ended_episodes(self):
         """(episodes ended, sum of their returns, sum of their lengths) since the last call, device scalars."""
         ended = self.ended.sum(1)
         self.ended.zero_()
         return ended
+
+    # ======== end of MuJoCo Warp envs ========
+
+    captured = []  # the Warp graphs that simulate's captures leave, kept: they own their kernels' memory
+
+    @torch.compiler.disable  # Warp's launches: outside what torch.compile traces
+    def simulate(self):
+        """mujoco_steps; on CUDA, their Warp graph launched on torch's current stream."""
+        if self.graph is None:
+            return self.mujoco_steps()
+        stream = wp.stream_from_torch(torch.cuda.current_stream())
+        if not torch.cuda.is_current_stream_capturing():
+            return wp.capture_launch(self.graph, stream=stream)
+        # In torch's capture of the rollout a Warp graph cannot launch, but Warp's kernels join that capture once
+        # Warp is told of it (an external capture); the Warp graph it returns holds their memory, kept.
+        wp.capture_begin(stream=stream, external=True, capture_mode=wp.CaptureMode.GLOBAL)
+        with wp.ScopedStream(stream, sync_enter=False):
+            self.mujoco_steps()
+        self.captured.append(wp.capture_end(stream=stream))
 
 
 def layer_widths(hidden_dim):

@@ -1,11 +1,13 @@
-"""Stamp the shared blocks of leanrl/harness.py into every training script, or check that every copy is the same.
+"""Stamp the shared blocks into every training script, or check that every copy is the same.
 
     python leanrl/tools/stamp.py [SCRIPT ...]           rewrite the scripts' blocks (default: every script)
     python leanrl/tools/stamp.py --check [SCRIPT ...]   exit 1, naming the scripts and blocks that differ
 
-A block runs from its fence line to its end line, both included, and is copied as it is. Every script has the
-run options (inside its Args) and the harness (at its end); the torchrun block only the scripts that run
-data-parallel, which hold its fence lines.
+A block runs from its fence line to its end line, both included, and is copied as it is from its one source.
+From leanrl/harness.py: every script has the run options (inside its Args) and the harness (at its end); the
+torchrun block only the scripts that run data-parallel, which hold its fence lines. From
+leanrl/ppo_continuous_action_gpu_mujoco.py: the MuJoCo Warp envs, in the scripts on them (each then adds how it
+launches the physics, `Envs.simulate`).
 """
 
 import argparse
@@ -13,17 +15,19 @@ import sys
 from pathlib import Path
 
 LEANRL = Path(__file__).resolve().parents[1]
-SOURCE = LEANRL / "harness.py"
-# (name, first line's start, last line, required in every script)
+HARNESS, WARP_ENVS = LEANRL / "harness.py", LEANRL / "ppo_continuous_action_gpu_mujoco.py"
+# (name, first line's start, last line, required in every script, source)
 BLOCKS = (
-    ("run options", "    # ---- run options:", "    # ---- end of run options ----", True),
-    ("torchrun", "# ======== torchrun:", "# ======== end of torchrun ========", False),
-    ("harness", "# ======== harness:", "# ======== end of harness ========", True),
+    ("run options", "    # ---- run options:", "    # ---- end of run options ----", True, HARNESS),
+    ("torchrun", "# ======== torchrun:", "# ======== end of torchrun ========", False, HARNESS),
+    ("harness", "# ======== harness:", "# ======== end of harness ========", True, HARNESS),
+    ("MuJoCo Warp envs", "# ======== MuJoCo Warp envs:", "    # ======== end of MuJoCo Warp envs ========", False,
+     WARP_ENVS),
 )
 
 
 def scripts():
-    return sorted(path for path in LEANRL.glob("*.py") if path != SOURCE)
+    return sorted(path for path in LEANRL.glob("*.py") if path != HARNESS)
 
 
 def span(lines, start, end):
@@ -37,10 +41,12 @@ def span(lines, start, end):
     return first, last
 
 
-def stamped(text, source):
-    """(the text with every block of the source copied in, the names of the blocks that differed)."""
-    lines, source_lines, differ = text.split("\n"), source.split("\n"), []
-    for name, start, end, required in BLOCKS:
+def stamped(text, sources):
+    """(the text with every block copied in from its source, the names of the blocks that differed); sources: the
+    text of each source file."""
+    lines, differ = text.split("\n"), []
+    for name, start, end, required, source in BLOCKS:
+        source_lines = sources[source].split("\n")
         where, block = span(lines, start, end), span(source_lines, start, end)
         if where is None:
             if required:
@@ -58,15 +64,16 @@ def main(argv=None):
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 where a copy differs")
     parser.add_argument("scripts", nargs="*", type=Path, help="the scripts (default: every one in leanrl/)")
     options = parser.parse_args(argv)
-    check, source, drifted = options.check, SOURCE.read_text(), []
+    check, drifted = options.check, []
+    sources = {source: source.read_text() for source in {block[-1] for block in BLOCKS}}
     for path in options.scripts or scripts():
-        text, differ = stamped(path.read_text(), source)
+        text, differ = stamped(path.read_text(), sources)
         if differ:
             drifted.append(f"{path.name}: {', '.join(differ)}")
             if not check and not any(name.endswith("(missing)") for name in differ):
                 path.write_text(text)
     for line in drifted:
-        print(("differs from leanrl/harness.py: " if check else "stamped: ") + line)
+        print(("differs from its source: " if check else "stamped: ") + line)
     missing = [line for line in drifted if "(missing)" in line]
     return 1 if (check and drifted) or missing else 0
 
