@@ -59,6 +59,8 @@ class Args:
     """the width of the critics' first layer (then halved twice)"""
     actor_hidden_dim: int = 512
     """the width of the actor's first layer (then halved twice)"""
+    amp: bool = False
+    """bf16 autocast of the networks in the updates and the policy (FastTD3's --amp): faster, not fp32's result"""
     # ---- run options: the same in every script (stamped from leanrl/harness.py) ----
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     """the name of this experiment, in the run's name"""
@@ -333,7 +335,7 @@ class QNetwork(nn.Module):
         x = F.relu(self.fc1(x))
         x = F.relu(self.fc2(x))
         x = F.relu(self.fc3(x))
-        return self.fc4(x)
+        return self.fc4(x).float()  # fp32 logits under --amp too, for the softmax, the projection and the loss
 
 
 class Actor(nn.Module):
@@ -421,29 +423,35 @@ class Agent:
         self.action_low, self.action_high = action_low, action_high
 
 
+def autocast(args, device):
+    """--amp: the networks' layers in bf16 (the critics' logits and the actor's actions leave them in fp32)."""
+    return torch.autocast(device.type, torch.bfloat16, enabled=args.amp)
+
+
 def make_update_fns(agent, args):
     """The steps of an update on a batch of normalised observations: the critics; the delayed actor step; the soft
     update of the critics' targets, after every gradient update (FastTD3's)."""
 
     def update_critic(obs, actions, rewards, next_obs, dones):
-        with torch.no_grad():
-            # Target policy smoothing: clipped noise on the actor's action (FastTD3: the actor itself, no target).
-            clipped_noise = (torch.randn_like(actions) * args.policy_noise).clamp(
-                -args.noise_clip, args.noise_clip
-            ) * agent.actor.action_scale
-            next_state_actions = (agent.actor(next_obs) + clipped_noise).clamp(agent.action_low, agent.action_high)
-            # Both targets' distributions projected onto the support; clipped double Q: per sample, the one of the
-            # smaller expected value.
-            projected = [
-                project(F.softmax(target(next_obs, next_state_actions), -1), rewards, 1 - dones, args.gamma,
-                        agent.support) for target in (agent.qf1_target, agent.qf2_target)
-            ]  # fmt: skip
-            smaller = (projected[0] * agent.support).sum(1) < (projected[1] * agent.support).sum(1)
-            target_dist = torch.where(smaller[:, None], projected[0], projected[1])
-        qf1_logits, qf2_logits = agent.qf1(obs, actions), agent.qf2(obs, actions)
-        qf1_loss = -(target_dist * F.log_softmax(qf1_logits, -1)).sum(1).mean()
-        qf2_loss = -(target_dist * F.log_softmax(qf2_logits, -1)).sum(1).mean()
-        qf_loss = qf1_loss + qf2_loss
+        with autocast(args, agent.support.device):
+            with torch.no_grad():
+                # Target policy smoothing: clipped noise on the actor's action (FastTD3: the actor itself, no target).
+                clipped_noise = (torch.randn_like(actions) * args.policy_noise).clamp(
+                    -args.noise_clip, args.noise_clip
+                ) * agent.actor.action_scale
+                next_state_actions = (agent.actor(next_obs) + clipped_noise).clamp(agent.action_low, agent.action_high)
+                # Both targets' distributions projected onto the support; clipped double Q: per sample, the one of the
+                # smaller expected value.
+                projected = [
+                    project(F.softmax(target(next_obs, next_state_actions), -1), rewards, 1 - dones, args.gamma,
+                            agent.support) for target in (agent.qf1_target, agent.qf2_target)
+                ]  # fmt: skip
+                smaller = (projected[0] * agent.support).sum(1) < (projected[1] * agent.support).sum(1)
+                target_dist = torch.where(smaller[:, None], projected[0], projected[1])
+            qf1_logits, qf2_logits = agent.qf1(obs, actions), agent.qf2(obs, actions)
+            qf1_loss = -(target_dist * F.log_softmax(qf1_logits, -1)).sum(1).mean()
+            qf2_loss = -(target_dist * F.log_softmax(qf2_logits, -1)).sum(1).mean()
+            qf_loss = qf1_loss + qf2_loss
         agent.q_optimizer.zero_grad()
         qf_loss.backward()
         agent.q_optimizer.step()
@@ -456,9 +464,10 @@ def make_update_fns(agent, args):
     def update_actor(obs):
         # The smaller of the two critics' expected values (FastTD3's clipped double Q for the actor too). The
         # gradients this leaves on the critics are discarded: the critic step zeroes them before it steps.
-        actions = agent.actor(obs)
-        values = [(F.softmax(qf(obs, actions), -1) * agent.support).sum(1) for qf in (agent.qf1, agent.qf2)]
-        actor_loss = -torch.minimum(*values).mean()
+        with autocast(args, agent.support.device):
+            actions = agent.actor(obs)
+            values = [(F.softmax(qf(obs, actions), -1) * agent.support).sum(1) for qf in (agent.qf1, agent.qf2)]
+            actor_loss = -torch.minimum(*values).mean()
         agent.actor_optimizer.zero_grad()
         actor_loss.backward()
         agent.actor_optimizer.step()
@@ -505,7 +514,7 @@ def train(args, run):
     # global_step counts env steps, n_envs per vector step.
     for global_step in range(first_step, args.total_timesteps, n_envs):
         run.unit(global_step)
-        with phase("policy"), torch.no_grad():
+        with phase("policy"), torch.no_grad(), autocast(args, device):
             actions = agent.actor(obs_rms.normalize(obs))
             actions += torch.randn_like(actions) * noise_scales * agent.actor.action_scale  # each env its own scale
             actions = actions.clamp(agent.action_low, agent.action_high)

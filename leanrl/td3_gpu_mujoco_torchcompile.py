@@ -62,6 +62,8 @@ class Args:
     """the width of the critics' first layer (then halved twice)"""
     actor_hidden_dim: int = 512
     """the width of the actor's first layer (then halved twice)"""
+    amp: bool = False
+    """bf16 autocast of the networks in the updates and the policy (FastTD3's --amp): faster, not fp32's result"""
     compile: bool = False
     """compile the update and policy functions with torch.compile"""
     cudagraphs: bool = False
@@ -351,7 +353,7 @@ class QNetwork(nn.Module):
         x = F.relu(self.fc1(x))
         x = F.relu(self.fc2(x))
         x = F.relu(self.fc3(x))
-        return self.fc4(x)
+        return self.fc4(x).float()  # fp32 logits under --amp too, for the softmax, the projection and the loss
 
 
 class Actor(nn.Module):
@@ -450,27 +452,33 @@ class Agent:
         return torch.vmap(lambda p: torch.func.functional_call(self.qnet, p, (obs, actions)))(params)
 
 
+def autocast(args, device):
+    """--amp: the networks' layers in bf16 (the critics' logits and the actor's actions leave them in fp32)."""
+    return torch.autocast(device.type, torch.bfloat16, enabled=args.amp)
+
+
 def make_update_fns(agent, args):
     """The steps of an update on a batch of normalised observations: the critics; the delayed actor step; the soft
     update of the critics' targets, after every gradient update (FastTD3's); and the policy that acts, with each
     env's exploration noise. --compile compiles each."""
 
     def update_critic(obs, actions, rewards, next_obs, dones):
-        with torch.no_grad():
-            # Target policy smoothing: clipped noise on the actor's action (FastTD3: the actor itself, no target).
-            clipped_noise = (torch.randn_like(actions) * args.policy_noise).clamp(
-                -args.noise_clip, args.noise_clip
-            ) * agent.actor.action_scale
-            next_state_actions = (agent.actor(next_obs) + clipped_noise).clamp(agent.action_low, agent.action_high)
-            # Both targets' distributions projected at once; clipped double Q: per sample, the one of the smaller
-            # expected value.
-            next_probs = F.softmax(agent.qlogits(agent.qnet_target, next_obs, next_state_actions), -1)
-            projected = project(next_probs, rewards, 1 - dones, args.gamma, agent.support)
-            values = (projected * agent.support).sum(-1)
-            target_dist = torch.where((values[0] < values[1])[:, None], projected[0], projected[1])
-        logits = agent.qlogits(agent.qnet_params, obs, actions)
-        qf1_loss, qf2_loss = -(target_dist * F.log_softmax(logits, -1)).sum(-1).mean(-1)
-        qf_loss = qf1_loss + qf2_loss
+        with autocast(args, agent.support.device):
+            with torch.no_grad():
+                # Target policy smoothing: clipped noise on the actor's action (FastTD3: the actor itself, no target).
+                clipped_noise = (torch.randn_like(actions) * args.policy_noise).clamp(
+                    -args.noise_clip, args.noise_clip
+                ) * agent.actor.action_scale
+                next_state_actions = (agent.actor(next_obs) + clipped_noise).clamp(agent.action_low, agent.action_high)
+                # Both targets' distributions projected at once; clipped double Q: per sample, the one of the smaller
+                # expected value.
+                next_probs = F.softmax(agent.qlogits(agent.qnet_target, next_obs, next_state_actions), -1)
+                projected = project(next_probs, rewards, 1 - dones, args.gamma, agent.support)
+                values = (projected * agent.support).sum(-1)
+                target_dist = torch.where((values[0] < values[1])[:, None], projected[0], projected[1])
+            logits = agent.qlogits(agent.qnet_params, obs, actions)
+            qf1_loss, qf2_loss = -(target_dist * F.log_softmax(logits, -1)).sum(-1).mean(-1)
+            qf_loss = qf1_loss + qf2_loss
         agent.q_optimizer.zero_grad()
         qf_loss.backward()
         agent.q_optimizer.step()
@@ -482,8 +490,9 @@ def make_update_fns(agent, args):
         # The smaller of the two critics' expected values, through their detached parameters: no gradient reaches
         # the critics, whose step would discard it anyway.
         params = {name: p.detach() for name, p in agent.qnet_params.items()}
-        values = (F.softmax(agent.qlogits(params, obs, agent.actor(obs)), -1) * agent.support).sum(-1)
-        actor_loss = -values.min(0).values.mean()
+        with autocast(args, agent.support.device):
+            values = (F.softmax(agent.qlogits(params, obs, agent.actor(obs)), -1) * agent.support).sum(-1)
+            actor_loss = -values.min(0).values.mean()
         agent.actor_optimizer.zero_grad()
         actor_loss.backward()
         agent.actor_optimizer.step()
@@ -495,7 +504,7 @@ def make_update_fns(agent, args):
         torch._foreach_lerp_(list(agent.qnet_target.values()), sources, args.tau)
 
     def policy(obs, noise_scales):
-        with torch.no_grad():
+        with torch.no_grad(), autocast(args, obs.device):
             actions = agent.actor(obs)
             actions = actions + torch.randn_like(actions) * noise_scales * agent.actor.action_scale
         return actions.clamp(agent.action_low, agent.action_high)

@@ -144,6 +144,22 @@ def test_update_equivalence(compile):
 
 
 @pytest.mark.usefixtures("eager_random")
+def test_amp_update():
+    """--amp: from the same parameters and batch, the twin's bf16 update follows the baseline's, and both move away
+    from the fp32 update's statistics by bf16's rounding, no more."""
+    batch, stats = random_batch(np.random.default_rng(2)), {}
+    for amp in (False, True):
+        _, fns_b, _, fns_f = make_pair(False, amp=amp)
+        for script, (update_critic, update_actor, *_) in ((NAME, fns_b), (FAST, fns_f)):
+            torch.manual_seed(0)
+            stats[script, amp] = {**update_critic(*batch), **update_actor(batch[0])}
+    for name, value in stats[NAME, True].items():
+        torch.testing.assert_close(stats[FAST, True][name], value, atol=1e-2, rtol=1e-2, msg=name)
+        torch.testing.assert_close(value, stats[NAME, False][name], atol=5e-2, rtol=5e-2, msg=name)
+    assert all(not torch.equal(stats[NAME, True][name], stats[NAME, False][name]) for name in ("qf_loss", "actor_loss"))
+
+
+@pytest.mark.usefixtures("eager_random")
 def test_policy_explores_per_env_within_bounds():
     """The twin's policy: the actor's action plus each env's own noise scale, clamped to each dimension's bounds."""
     _, _, agent_f, (*_, policy) = make_pair(False)
@@ -179,14 +195,15 @@ def test_buffer_per_env_storage(name):
     assert torch.equal(copy.storage, rb.storage) and int(copy.ptr) == 2 and int(copy.size) == 3
 
 
-def test_baseline_runs(capsys):
-    """The baseline through learning starts, warm-up and its fps window."""
-    record = run_main(NAME, TINY, capsys)
+@pytest.mark.parametrize("amp", [[], ["--amp"]], ids=["fp32", "amp"])
+def test_baseline_runs(amp, capsys):
+    """The baseline through learning starts, warm-up and its fps window (with --amp: bf16 autocast)."""
+    record = run_main(NAME, TINY + amp, capsys)
     assert_steady(record, 100)
     assert record["compile"] is False and record["cudagraphs"] is False
 
 
-@pytest.mark.parametrize("mode", [[], ["--cudagraphs"], ["--compile", "--cudagraphs"]], ids=mode_id)
+@pytest.mark.parametrize("mode", [[], ["--cudagraphs"], ["--compile", "--cudagraphs"], ["--amp"]], ids=mode_id)
 def test_twin_runs(mode, capsys):
     """The twin through learning starts, warm-up and its fps window; without CUDA --cudagraphs runs without graphs
     (--compile with it: the compiled functions)."""
@@ -203,14 +220,14 @@ def bandit_batch(n=256):
     return obs, actions, rewards, torch.randn(n, N_OBS), torch.ones(n)
 
 
-def bandit_progress(name, broken=False):
+def bandit_progress(name, broken=False, amp=False):
     """300 updates (every other one the actor's) of a script on the bandit batch: (mean squared error of the first
     critic's expected values against the rewards, mean reward of the actor's actions), before and after. `broken`
-    (the baseline): the actor's update with its sign flipped, descending the critics' value."""
+    (the baseline): the actor's update with its sign flipped, descending the critics' value. `amp`: --amp."""
     module = load_script(name)
     torch.set_num_threads(1)  # as the scripts run (the workdir fixture puts the count back): far quicker on busy cores
     args = module.Args(critic_hidden_dim=64, actor_hidden_dim=32, num_atoms=51, v_max=4.0, learning_rate=1e-3,
-                       weight_decay=0.0)  # fmt: skip
+                       weight_decay=0.0, amp=amp)  # fmt: skip
     box = torch.tensor([-1.0, -1.0]), torch.tensor([1.0, 1.0])
     torch.manual_seed(0)
     agent = module.Agent(args, N_OBS, N_ACT, *box, CPU)
@@ -239,12 +256,12 @@ def bandit_progress(name, broken=False):
     return before, measure()
 
 
-@pytest.mark.parametrize("name", [NAME, FAST])
-def test_learns_a_bandit(name):
+@pytest.mark.parametrize("name, amp", [(NAME, False), (FAST, False), (FAST, True)], ids=[NAME, FAST, f"{FAST}-amp"])
+def test_learns_a_bandit(name, amp):
     """The critics learn the rewards of a fixed batch (their error falls to a fifth) and the actor moves towards the
-    best actions (mean reward up by 0.3 of its 2 of headroom); an actor that descends the critics' value instead
-    of ascending it (a broken update) gets worse."""
-    (q_error0, reward0), (q_error, reward) = bandit_progress(name)
+    best actions (mean reward up by 0.3 of its 2 of headroom), in fp32 and with --amp's bf16 layers; an actor that
+    descends the critics' value instead of ascending it (a broken update) gets worse."""
+    (q_error0, reward0), (q_error, reward) = bandit_progress(name, amp=amp)
     assert q_error < q_error0 / 5, (q_error0, q_error)
     assert reward > reward0 + 0.3, (reward0, reward)
 
