@@ -20,8 +20,10 @@ PPO_CONTINUOUS = ["--env-id", "Pendulum-v1", "--num-envs", "2", "--num-steps", "
 PPO_ATARI = ["--num-envs", "2", "--num-steps", "32", *PPO]
 PPO_GPU = ["--num-envs", "8", "--num-steps", "16", *PPO]
 PPO_MUJOCO = ["--env-id", "Hopper-v5", "--num-envs", "4", "--num-steps", "8", *PPO]
-TD3_MUJOCO = ["--env-id", "Hopper-v5", "--num-envs", "4", "--batch-size", "16", "--buffer-size", "200",
-              "--learning-starts", "40", "--critic-hidden-dim", "32", "--actor-hidden-dim", "16", "--no-tensorboard"]
+# TD3 and SAC on MuJoCo Warp: the same flags.
+OFF_POLICY_MUJOCO = ["--env-id", "Hopper-v5", "--num-envs", "4", "--batch-size", "16", "--buffer-size", "200",
+                     "--learning-starts", "40", "--critic-hidden-dim", "32", "--actor-hidden-dim", "16",
+                     "--no-tensorboard"]  # fmt: skip
 # Per script: its tiny arguments, the env steps of the stopped run and of the resumed one.
 RUNS = {
     "dqn": (DQN, 400, 600),
@@ -40,8 +42,10 @@ RUNS = {
     "ppo_classic_control_gpu_torchcompile": (PPO_GPU, 384, 640),
     "ppo_continuous_action_gpu_mujoco": (PPO_MUJOCO, 96, 160),
     "ppo_continuous_action_gpu_mujoco_torchcompile": (PPO_MUJOCO, 96, 160),
-    "td3_gpu_mujoco": (TD3_MUJOCO, 80, 120),
-    "td3_gpu_mujoco_torchcompile": (TD3_MUJOCO, 80, 120),
+    "td3_gpu_mujoco": (OFF_POLICY_MUJOCO, 80, 120),
+    "td3_gpu_mujoco_torchcompile": (OFF_POLICY_MUJOCO, 80, 120),
+    "sac_gpu_mujoco": (OFF_POLICY_MUJOCO, 80, 120),
+    "sac_gpu_mujoco_torchcompile": (OFF_POLICY_MUJOCO, 80, 120),
 }
 
 SAC = "sac_continuous_action"

@@ -15,7 +15,8 @@ LEANRL = Path(__file__).resolve().parents[1] / "leanrl"
 SCRIPTS = sorted(path for path in LEANRL.glob("*.py") if path.stem != "harness")
 BASELINES = (
     "dqn", "ppo_atari_envpool", "ppo_atari_envpool_multigpu", "ppo_classic_control_gpu", "ppo_continuous_action",
-    "ppo_continuous_action_gpu_mujoco", "sac_continuous_action", "td3_continuous_action", "td3_gpu_mujoco",
+    "ppo_continuous_action_gpu_mujoco", "sac_continuous_action", "sac_gpu_mujoco", "td3_continuous_action",
+    "td3_gpu_mujoco",
 )  # fmt: skip
 # The scripts that run data-parallel under torchrun carry the torchrun block too.
 TORCHRUN = ("ppo_atari_envpool_multigpu", "ppo_classic_control_gpu")
@@ -51,7 +52,7 @@ def args_fields(path):
     return fields
 
 
-def test_nine_baselines_and_their_twins():
+def test_ten_baselines_and_their_twins():
     pairs = [stem for base in BASELINES for stem in (base, base + "_torchcompile")]
     assert sorted(path.stem for path in SCRIPTS) == sorted(pairs)
 

@@ -254,7 +254,8 @@ def test_the_envs_are_one_stamped_block():
     """The envs the tests above check in the baseline are every MuJoCo Warp script's, word for word: one block
     stamped from the baseline (test_contract checks each copy); the PPO twin's normalising step is the baseline's.
     Only simulate differs, in the twins: there Warp's physics joins torch's capture of a rollout on CUDA."""
-    for name in (NAME, FAST, "td3_gpu_mujoco", "td3_gpu_mujoco_torchcompile"):
+    for name in (NAME, FAST, "td3_gpu_mujoco", "td3_gpu_mujoco_torchcompile", "sac_gpu_mujoco",
+                 "sac_gpu_mujoco_torchcompile"):  # fmt: skip
         assert "\n# ======== MuJoCo Warp envs:" in (SCRIPTS / f"{name}.py").read_text(), name
     base, fast = load_script(NAME), load_script(FAST)
     assert inspect.getsource(base.Envs.step) == inspect.getsource(fast.Envs.step)

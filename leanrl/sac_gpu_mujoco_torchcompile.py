@@ -1,0 +1,1039 @@
+# SAC at GPU scale with the FastSAC recipe (FastTD3's repository, fast_sac/): thousands of batched MuJoCo envs simulated
+# with MuJoCo Warp on the device that torch uses, the replay buffer there, large critics and batches, made fast: the
+# critics one vmapped ensemble, the env step (Warp's physics included) and the updates CUDA graphs, compile.
+# Docs: docs/sac_gpu_mujoco.md
+import functools
+import math
+import os
+import random
+from dataclasses import dataclass
+
+import gymnasium as gym
+import mujoco
+import mujoco_warp as mjw
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.optim as optim
+import warp as wp
+from tensordict.nn import CudaGraphModule
+
+
+@dataclass
+class Args:
+    env_id: str = "HalfCheetah-v5"
+    """the id of the environment: HalfCheetah-v5, Hopper-v5, Walker2d-v5 or Ant-v5"""
+    total_timesteps: int = 51200000
+    """total timesteps of the experiment (env steps of all envs), a multiple of --num-envs"""
+    num_envs: int = 1024
+    """the number of parallel environments (MuJoCo Warp worlds)"""
+    buffer_size: int = 10485760
+    """the replay memory buffer size, in transitions: --buffer-size // --num-envs of each env"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    tau: float = 0.1
+    """target smoothing coefficient, applied after every gradient update"""
+    batch_size: int = 32768
+    """the batch size of samples from the replay memory, --batch-size // --num-envs from each env"""
+    num_updates: int = 2
+    """the gradient updates per env step (of all envs)"""
+    learning_starts: int = 10240
+    """timestep to start learning"""
+    policy_lr: float = 3e-4
+    """the learning rate of the policy network optimizer (AdamW)"""
+    q_lr: float = 3e-4
+    """the learning rate of the Q network optimizer (AdamW) and of the entropy coefficient's (Adam)"""
+    weight_decay: float = 0.1
+    """the weight decay of the policy and Q network optimizers (AdamW)"""
+    policy_frequency: int = 2
+    """the frequency of training policy (delayed), in gradient updates"""
+    alpha: float = 0.001
+    """entropy regularization coefficient: fixed without --autotune, the starting value with it"""
+    autotune: bool = True
+    """automatic tuning of the entropy coefficient"""
+    critic_hidden_dim: int = 1024
+    """the width of the critics' first layer (then halved twice)"""
+    actor_hidden_dim: int = 512
+    """the width of the actor's first layer (then halved twice)"""
+    amp: bool = False
+    """bf16 autocast of the networks in the updates and the policy (FastTD3's --amp): faster, not fp32's result"""
+    compile: bool = False
+    """compile the update and policy functions with torch.compile"""
+    cudagraphs: bool = False
+    """capture the env step (policy, Warp's physics, storage) and each vector step's updates as CUDA graphs"""
+    # ---- run options: the same in every script (stamped from leanrl/harness.py) ----
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment, in the run's name"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """sets `torch.backends.cudnn.deterministic`"""
+    cuda: bool = True
+    """use CUDA when it is available"""
+    torch_threads: int = 1
+    """torch's intra-op CPU threads (0: torch's default, one per core)"""
+    track: bool = False
+    """track the experiment with Weights and Biases"""
+    wandb_project_name: str = "leanrl"
+    """the wandb project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of the wandb project"""
+    tensorboard: bool = True
+    """write TensorBoard scalars under runs/<run name>/"""
+    speed_log: str | None = None
+    """append the speed record (the last stdout line, one JSON object) to this file"""
+    profile_dir: str | None = None
+    """profile the start of the steady window and write the trace into this directory"""
+    save_dir: str | None = None
+    """write checkpoints into this directory: every --save-every env steps, at the end, and on Ctrl-C"""
+    save_every: int = 0
+    """env steps between checkpoints (0: only at the end and on Ctrl-C)"""
+    resume: str | None = None
+    """continue the run saved in this checkpoint (a file, or a --save-dir); checkpoints go on there"""
+    eval_checkpoint: str | None = None
+    """evaluate the policy of this checkpoint (file or --save-dir) for --eval-episodes and exit"""
+    eval_episodes: int = 10
+    """episodes that --eval-checkpoint runs"""
+    # ---- end of run options ----
+
+
+# Vector steps (of all envs) after learning_starts before the fps window opens, and vector steps --profile-dir profiles.
+WARMUP_STEPS = 5
+PROFILE_STEPS = 2
+LOG_STD_MAX = 2
+LOG_STD_MIN = -5
+# What a checkpoint keeps of the agent, with the replay buffer and the envs.
+AGENT_STATE = ("actor", "qnet_params", "qnet_target", "q_optimizer", "actor_optimizer", "a_optimizer", "log_alpha")
+# The statistics of an update, logged as losses/<name>, with losses/alpha.
+STATS = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss", "qf_loss", "actor_loss", "alpha_loss")
+
+
+def check_args(args):
+    if args.env_id not in ENVS:
+        fail(f"--env-id {args.env_id!r} is not one of this script's environments: {', '.join(ENVS)}")
+    for name in ("total_timesteps", "batch_size"):
+        if getattr(args, name) % args.num_envs:
+            fail(f"--{name.replace('_', '-')} {getattr(args, name)} must be a multiple of --num-envs {args.num_envs}")
+    if args.buffer_size < max(args.batch_size, args.num_envs):
+        fail(f"--buffer-size {args.buffer_size} must be >= --batch-size {args.batch_size} and --num-envs "
+             f"{args.num_envs}")  # fmt: skip
+    if args.learning_starts >= args.total_timesteps:
+        fail(f"--learning-starts {args.learning_starts} must be below --total-timesteps {args.total_timesteps}")
+    for name in ("num_updates", "critic_hidden_dim", "actor_hidden_dim"):
+        if getattr(args, name) < {"num_updates": 1}.get(name, 4):
+            fail(f"--{name.replace('_', '-')} {getattr(args, name)} is too small")
+    if args.alpha <= 0:
+        fail(f"--alpha {args.alpha} must be positive: the entropy coefficient is kept as its log")
+
+
+# ======== MuJoCo Warp envs: the same in every script on them, stamped from ppo_continuous_action_gpu_mujoco.py ========
+# gymnasium's TimeLimit of its MuJoCo envs, and the clip of normalised observations and rewards (CleanRL's wrappers).
+MAX_EPISODE_STEPS, NORMALIZED_CLIP = 1000, 10.0
+
+
+class HalfCheetah:
+    """gymnasium's HalfCheetah-v5 with its defaults (as each class below, from gymnasium's v5 sources): reward the x
+    velocity - 0.1 * sum(a^2), no termination, observation qpos[1:] and qvel, reset noise U(-0.1, 0.1) on positions
+    and 0.1 * N(0, 1) on velocities."""
+
+    xml, frame_skip, noise, normal_qvel, ctrl_cost = "half_cheetah.xml", 5, 0.1, True, 0.1
+    healthy_reward, skipped_qpos, qvel_clip, contact_forces = 0.0, 1, math.inf, False
+
+    @staticmethod
+    def healthy(qpos, qvel):
+        return torch.ones_like(qpos[:, 0], dtype=torch.bool)
+
+
+class Hopper(HalfCheetah):
+    """Hopper-v5: + 1 while healthy, which it must stay; velocities clipped to 10 in the observation."""
+
+    xml, frame_skip, noise, normal_qvel, ctrl_cost = "hopper.xml", 4, 5e-3, False, 1e-3
+    healthy_reward, qvel_clip = 1.0, 10.0
+
+    @staticmethod
+    def healthy(qpos, qvel):
+        state, z, angle = torch.cat((qpos[:, 2:], qvel), 1), qpos[:, 1], qpos[:, 2]
+        return (state.abs() < 100).all(1) & (z > 0.7) & (angle > -0.2) & (angle < 0.2)
+
+
+class Walker2d(Hopper):
+    """Walker2d-v5: Hopper's reward, healthy while 0.8 < z < 2 and the torso's angle is within (-1, 1)."""
+
+    xml = "walker2d_v5.xml"
+
+    @staticmethod
+    def healthy(qpos, qvel):
+        z, angle = qpos[:, 1], qpos[:, 2]
+        return (z > 0.8) & (z < 2.0) & (angle > -1.0) & (angle < 1.0)
+
+
+class Ant(HalfCheetah):
+    """Ant-v5: its torso's x velocity + 1 while healthy - 0.5 * sum(a^2) - 5e-4 * the sum of the squared external
+    contact forces (cfrc_ext) clipped to [-1, 1], which the observation holds too (105 values)."""
+
+    xml, ctrl_cost, contact_cost, healthy_reward, skipped_qpos, contact_forces = "ant.xml", 0.5, 5e-4, 1, 2, True
+
+    @staticmethod
+    def healthy(qpos, qvel):
+        finite = torch.isfinite(qpos).all(1) & torch.isfinite(qvel).all(1)
+        return finite & (qpos[:, 2] >= 0.2) & (qpos[:, 2] <= 1.0)
+
+
+ENVS = {"HalfCheetah-v5": HalfCheetah, "Hopper-v5": Hopper, "Walker2d-v5": Walker2d, "Ant-v5": Ant}
+
+
+class RunningMeanStd:
+    """gymnasium's RunningMeanStd (of its normalisation wrappers) on the device in float64, updated in place."""
+
+    def __init__(self, shape, device):
+        self.mean = torch.zeros(shape, dtype=torch.float64, device=device)
+        self.var = torch.ones(shape, dtype=torch.float64, device=device)
+        self.count = torch.full((), 1e-4, dtype=torch.float64, device=device)
+
+    def update(self, x):
+        x, n = x.double(), x.shape[0]
+        delta, total = x.mean(0) - self.mean, self.count + n
+        self.var.copy_((self.var * self.count + x.var(0, correction=0) * n + delta**2 * self.count * n / total) / total)
+        self.mean.add_(delta * n / total)
+        self.count.copy_(total)
+
+    def normalize(self, x, center=True):
+        return ((x - self.mean * center) / torch.sqrt(self.var + 1e-8)).clamp(-NORMALIZED_CLIP, NORMALIZED_CLIP).float()
+
+
+class Envs:
+    """num_envs copies of one of ENVS as MuJoCo Warp worlds on torch's device, whose arrays torch reads and writes in
+    place (wp.to_torch: no copy), with gymnasium's time limit and same-step auto-reset, and CleanRL's wrappers as
+    gymnasium's vector ones: actions clipped; observations and rewards normalised with statistics of all envs, then
+    clipped. The envs' returns and lengths are summed on the device until ended_episodes() reads them. `state`: the
+    tensors the envs go on from, for checkpoints."""
+
+    def __init__(self, env_id, num_envs, gamma, device):
+        self.task, self.num_envs, self.gamma = ENVS[env_id], num_envs, gamma
+        assets = os.path.join(os.path.dirname(gym.__file__), "envs", "mujoco", "assets")
+        mjm = mujoco.MjModel.from_xml_path(os.path.join(assets, self.task.xml))  # gymnasium's own model file
+        self.dt, self.n_act, self.graph = mjm.opt.timestep * self.task.frame_skip, mjm.nu, None
+        wp.config.log_level = wp.LOG_WARNING  # not a line per kernel module loaded
+        wp.init()
+        wp.set_device(str(device))  # "cuda": the current CUDA device, as torch's
+        try:
+            self.model, self.data = mjw.put_model(mjm), mjw.make_data(mjm, nworld=num_envs)
+        except (ValueError, RuntimeError) as e:  # too many worlds for an array, or for the memory
+            fail(f"--num-envs {num_envs}: MuJoCo Warp cannot make that many worlds here: {str(e).splitlines()[0]}")
+        views = [wp.to_torch(getattr(self.data, name)) for name in ("qpos", "qvel", "qacc_warmstart", "ctrl", "xpos")]
+        self.qpos, self.qvel, self.warmstart, self.ctrl, self.xpos = views
+        self.cfrc_ext, self.qpos0 = wp.to_torch(self.data.cfrc_ext), torch.as_tensor(mjm.qpos0, device=device).float()
+        self.low, self.high = torch.as_tensor(mjm.actuator_ctrlrange, device=device).float().unbind(1)
+        # The kernels load here (built on first use: about a minute on a GPU, more on a CPU; then cached).
+        if device.type == "cuda":  # the MuJoCo steps of an env step as one Warp graph
+            with wp.ScopedCapture() as capture:
+                self.mujoco_steps()
+            self.graph = capture.graph
+        else:
+            self.mujoco_steps()
+        wp.synchronize_device()
+        zeros = lambda *shape, dtype=torch.float32: torch.zeros(shape, dtype=dtype, device=device)  # noqa: E731
+        self.x_before, self.episode_return, self.ended = zeros(num_envs), zeros(num_envs), zeros(3, num_envs)
+        self.elapsed, self.discounted_return = zeros(num_envs, dtype=torch.int32), zeros(num_envs, dtype=torch.float64)
+        everyone = torch.ones(num_envs, dtype=torch.bool, device=device)
+        self.reset(everyone)
+        raw_obs = self.observe(fresh=everyone)
+        self.obs_rms, self.return_rms = RunningMeanStd(raw_obs.shape[1:], device), RunningMeanStd((), device)
+        self.obs_rms.update(raw_obs)
+        self.obs, self.done = self.obs_rms.normalize(raw_obs), zeros(num_envs)
+        names = "qpos", "qvel", "warmstart", "x_before", "elapsed", "episode_return", "discounted_return", "obs", "done"
+        self.state = {name: getattr(self, name) for name in names}
+        for name, rms in (("obs", self.obs_rms), ("return", self.return_rms)):
+            self.state.update({f"{name}_{key}": value for key, value in vars(rms).items()})
+
+    def mujoco_steps(self):
+        """gymnasium's do_simulation: frame_skip MuJoCo steps, and Ant's contact forces (mj_rnePostConstraint)."""
+        for _ in range(self.task.frame_skip):
+            mjw.step(self.model, self.data)
+        if self.task.contact_forces:
+            mjw.rne_postconstraint(self.model, self.data)
+
+    def observe(self, fresh=None):
+        """gymnasium's _get_obs; no contact forces where an episode has just reset, `fresh` (mj_resetData zeroes them
+        and mj_forward leaves them)."""
+        task = self.task
+        parts = [self.qpos[:, task.skipped_qpos :], self.qvel.clamp(-task.qvel_clip, task.qvel_clip)]
+        if task.contact_forces:
+            forces = self.cfrc_ext[:, 1:].clamp(-1, 1).flatten(1)
+            parts.append(forces if fresh is None else torch.where(fresh[:, None], 0.0, forces))
+        return torch.cat(parts, 1)
+
+    def reset(self, mask):
+        """gymnasium's reset of the envs in mask: qpos0 and zero velocities plus the noise, the solver's warm start
+        cleared (mj_resetData). Noise is drawn for every env: the same random stream whichever reset."""
+        task = self.task
+        qpos = self.qpos0 + (torch.rand_like(self.qpos) * 2 - 1) * task.noise
+        qvel = torch.randn_like(self.qvel) if task.normal_qvel else torch.rand_like(self.qvel) * 2 - 1
+        self.qpos.copy_(torch.where(mask[:, None], qpos, self.qpos))
+        self.qvel.copy_(torch.where(mask[:, None], qvel * task.noise, self.qvel))
+        self.warmstart.masked_fill_(mask[:, None], 0.0)
+        self.x_before.copy_(torch.where(mask, self.qpos[:, 0], self.x_before))  # Ant's torso: at its free joint's qpos
+
+    def step_raw(self, action):
+        """gymnasium's vector env of these envs with ClipAction, the time limit and RecordEpisodeStatistics: (next
+        observation, final observation, reward, terminated, truncated); the next observation is the first of a new
+        episode where the step ended one, the final the one it ended in."""
+        task, action = self.task, torch.clamp(action, self.low, self.high)
+        self.ctrl.copy_(action)
+        self.simulate()
+        # The x the reward differentiates: qpos[0]; Ant's, its torso's xpos (as of the last MuJoCo step's start).
+        x_after = self.xpos[:, 1, 0] if task.contact_forces else self.qpos[:, 0]
+        healthy = task.healthy(self.qpos, self.qvel)
+        reward = (x_after - self.x_before) / self.dt + task.healthy_reward * healthy
+        reward -= task.ctrl_cost * action.square().sum(1)
+        if task.contact_forces:
+            reward -= task.contact_cost * self.cfrc_ext.clamp(-1, 1).square().sum((1, 2))
+        self.elapsed += 1
+        terminated, truncated = ~healthy, self.elapsed >= MAX_EPISODE_STEPS
+        done, final_obs = terminated | truncated, self.observe()
+        self.x_before.copy_(x_after)
+        self.reset(done)
+        self.episode_return += reward
+        self.ended += torch.stack((done.float(), self.episode_return, self.elapsed.float())) * done
+        self.elapsed.masked_fill_(done, 0)
+        self.episode_return.masked_fill_(done, 0.0)
+        return torch.where(done[:, None], self.observe(fresh=done), final_obs), final_obs, reward, terminated, truncated
+
+    def ended_episodes(self):
+        """(episodes ended, sum of their returns, sum of their lengths) since the last call, device scalars."""
+        ended = self.ended.sum(1)
+        self.ended.zero_()
+        return ended
+
+    # ======== end of MuJoCo Warp envs ========
+
+    captured = []  # the Warp graphs that simulate's captures leave, kept: they own their kernels' memory
+
+    @torch.compiler.disable  # Warp's launches: outside what torch.compile traces
+    def simulate(self):
+        """mujoco_steps; on CUDA, their Warp graph launched on torch's current stream."""
+        if self.graph is None:
+            return self.mujoco_steps()
+        stream = wp.stream_from_torch(torch.cuda.current_stream())
+        if not torch.cuda.is_current_stream_capturing():
+            return wp.capture_launch(self.graph, stream=stream)
+        # In torch's capture of the rollout a Warp graph cannot launch, but Warp's kernels join that capture once
+        # Warp is told of it (an external capture); the Warp graph it returns holds their memory, kept.
+        wp.capture_begin(stream=stream, external=True, capture_mode=wp.CaptureMode.GLOBAL)
+        with wp.ScopedStream(stream, sync_enter=False):
+            self.mujoco_steps()
+        self.captured.append(wp.capture_end(stream=stream))
+
+
+def layer_widths(hidden_dim):
+    """FastSAC's layers: the first of hidden_dim, then halved twice."""
+    return hidden_dim, hidden_dim // 2, hidden_dim // 4
+
+
+class QNetwork(nn.Module):
+    """A critic: the Q value of an observation and an action."""
+
+    def __init__(self, n_obs, n_act, hidden_dim, device=None):
+        super().__init__()
+        w1, w2, w3 = layer_widths(hidden_dim)
+        self.fc1 = nn.Linear(n_obs + n_act, w1, device=device)
+        self.fc2 = nn.Linear(w1, w2, device=device)
+        self.fc3 = nn.Linear(w2, w3, device=device)
+        self.fc4 = nn.Linear(w3, 1, device=device)
+
+    def forward(self, x, a):
+        x = torch.cat([x, a], -1)
+        x = F.relu(self.fc1(x))
+        x = F.relu(self.fc2(x))
+        x = F.relu(self.fc3(x))
+        return self.fc4(x).float()  # fp32 values under --amp too, for the target and the loss
+
+
+class Actor(nn.Module):
+    def __init__(self, n_obs, n_act, hidden_dim, action_low, action_high, device=None):
+        super().__init__()
+        w1, w2, w3 = layer_widths(hidden_dim)
+        self.fc1 = nn.Linear(n_obs, w1, device=device)
+        self.fc2 = nn.Linear(w1, w2, device=device)
+        self.fc3 = nn.Linear(w2, w3, device=device)
+        self.fc_mu = nn.Linear(w3, n_act, device=device)
+        self.fc_logstd = nn.Linear(w3, n_act, device=device)
+        nn.init.normal_(self.fc_mu.weight, 0.0, 0.01)  # FastSAC's init_scale: means near the middle at first
+        nn.init.zeros_(self.fc_mu.bias)
+        self.register_buffer("action_scale", (action_high - action_low) / 2.0)
+        self.register_buffer("action_bias", (action_high + action_low) / 2.0)
+
+    def forward(self, x):
+        x = F.relu(self.fc1(x))
+        x = F.relu(self.fc2(x))
+        x = F.relu(self.fc3(x))
+        mean = self.fc_mu(x).float()  # fp32 under --amp too: the sample and its log-probability
+        log_std = torch.tanh(self.fc_logstd(x).float())
+        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)
+        return mean, log_std
+
+    def get_action(self, x):
+        mean, log_std = self(x)
+        std = log_std.exp()
+        normal = torch.distributions.Normal(mean, std, validate_args=False)  # validation syncs with the host
+        x_t = normal.rsample()  # reparameterization trick: mean + std * N(0,1)
+        y_t = torch.tanh(x_t)
+        action = y_t * self.action_scale + self.action_bias
+        log_prob = normal.log_prob(x_t)
+        # Enforcing action bounds
+        log_prob -= torch.log(self.action_scale * (1 - y_t.pow(2)) + 1e-6)
+        log_prob = log_prob.sum(1, keepdim=True)
+        mean = torch.tanh(mean) * self.action_scale + self.action_bias
+        return action, log_prob, mean
+
+
+class ReplayBuffer:
+    """FastTD3's buffer on the device: per-env circular storage, rows [obs, action, reward, next_obs, done] of
+    buffer_size // num_envs steps of each env; a sample draws batch_size // num_envs of each env's rows, with
+    replacement. Observations are stored raw and normalised when sampled. Where the next rows go and how many
+    are held: device tensors, which captured graphs read and advance."""
+
+    def __init__(self, size, num_envs, n_obs, n_act, device):
+        self.widths = [n_obs, n_act, 1, n_obs, 1]
+        self.storage = torch.zeros(size // num_envs, num_envs, sum(self.widths), device=device)
+        self.envs = torch.arange(num_envs, device=device)
+        self.ptr = torch.zeros(1, dtype=torch.long, device=device)
+        self.size = torch.zeros(1, dtype=torch.long, device=device)
+
+    def add(self, obs, actions, rewards, next_obs, dones):
+        rows = torch.cat([obs, actions, rewards[:, None], next_obs, dones[:, None].float()], 1)
+        self.storage.index_copy_(0, self.ptr, rows[None])
+        self.ptr.add_(1).remainder_(len(self.storage))
+        self.size.add_(1).clamp_(max=len(self.storage))
+
+    def sample(self, batch_size):
+        # Uniform with the size on the device: 62-bit draws modulo the size (a relative bias below 2**-40).
+        shape = (batch_size // len(self.envs), len(self.envs))
+        idx = torch.randint(0, 2**62, shape, device=self.envs.device).remainder_(self.size)
+        obs, actions, rewards, next_obs, dones = self.storage[idx, self.envs].flatten(0, 1).split(self.widths, dim=1)
+        return obs, actions, rewards.flatten(), next_obs, dones.flatten()
+
+    def state_dict(self):
+        """The filled rows, and where the next transitions go."""
+        return {"storage": self.storage[: int(self.size)].to("cpu", copy=True), "ptr": self.ptr, "size": self.size}
+
+    def load_state_dict(self, state):
+        self.storage[: len(state["storage"])].copy_(state["storage"])  # in place: graphs hold these very tensors
+        self.ptr.copy_(state["ptr"])
+        self.size.copy_(state["size"])
+
+
+class Agent:
+    """The networks, the critics' targets, the optimizers and the entropy coefficient (no target actor: FastSAC's)."""
+
+    def __init__(self, args, n_obs, n_act, action_low, action_high, device):
+        self.actor = Actor(n_obs, n_act, args.actor_hidden_dim, action_low, action_high, device=device)
+        # Both critics as one stacked {name: tensor of both} (and its target copy), evaluated by qvalues
+        qf1 = QNetwork(n_obs, n_act, args.critic_hidden_dim, device=device)
+        qf2 = QNetwork(n_obs, n_act, args.critic_hidden_dim, device=device)
+        self.qnet_params, _ = torch.func.stack_module_state([qf1, qf2])
+        self.qnet_target = {name: p.detach().clone() for name, p in self.qnet_params.items()}
+        self.qnet = QNetwork(n_obs, n_act, args.critic_hidden_dim, device="meta")  # no storage
+        capturable = args.cudagraphs and device.type == "cuda"  # the optimizers' step counts on the device, for graphs
+        self.q_optimizer = optim.AdamW(self.qnet_params.values(), lr=args.q_lr, weight_decay=args.weight_decay,
+                                       capturable=capturable)  # fmt: skip
+        self.actor_optimizer = optim.AdamW(self.actor.parameters(), lr=args.policy_lr,
+                                           weight_decay=args.weight_decay, capturable=capturable)  # fmt: skip
+        # The entropy coefficient alpha = exp(log_alpha), from --alpha; --autotune steps it towards the target entropy.
+        self.target_entropy = -float(n_act)
+        self.log_alpha = torch.full((1,), math.log(args.alpha), device=device, requires_grad=True)
+        self.a_optimizer = optim.Adam([self.log_alpha], lr=args.q_lr, capturable=capturable)
+
+    def qvalues(self, params, obs, actions):
+        """Both critics' Q values for the stacked parameters `params`: shape (2, batch, 1)."""
+        return torch.vmap(lambda p: torch.func.functional_call(self.qnet, p, (obs, actions)))(params)
+
+
+def autocast(args, device):
+    """--amp: the networks' layers in bf16 (the critics' values and the actor's mean and log std leave them in fp32)."""
+    return torch.autocast(device.type, torch.bfloat16, enabled=args.amp)
+
+
+def make_update_fns(agent, args):
+    """The steps of an update on a batch of normalised observations: the critics; the delayed actor step, then the
+    entropy coefficient's with --autotune; the soft update of the critics' targets, after every gradient update
+    (FastSAC's); and the policy that acts. --compile compiles each."""
+
+    def update_critic(obs, actions, rewards, next_obs, dones):
+        alpha = agent.log_alpha.detach().exp()
+        with autocast(args, obs.device):
+            with torch.no_grad():
+                # The next action sampled from the actor itself (FastSAC: no target actor).
+                next_state_actions, next_state_log_pi, _ = agent.actor.get_action(next_obs)
+                qf_next_target = agent.qvalues(agent.qnet_target, next_obs, next_state_actions)
+                min_qf_next_target = qf_next_target.min(0).values - alpha * next_state_log_pi
+                next_q_value = rewards + (1 - dones) * args.gamma * min_qf_next_target.view(-1)
+            qf1_a_values, qf2_a_values = agent.qvalues(agent.qnet_params, obs, actions).view(2, -1)
+            qf1_loss = F.mse_loss(qf1_a_values, next_q_value)
+            qf2_loss = F.mse_loss(qf2_a_values, next_q_value)
+            qf_loss = qf1_loss + qf2_loss
+        agent.q_optimizer.zero_grad()
+        qf_loss.backward()
+        agent.q_optimizer.step()
+        qf1_values, qf2_values = qf1_a_values.detach().mean(), qf2_a_values.detach().mean()
+        losses = {"qf1_loss": qf1_loss.detach(), "qf2_loss": qf2_loss.detach(), "qf_loss": qf_loss.detach() / 2.0}
+        return {"qf1_values": qf1_values, "qf2_values": qf2_values, **losses}  # qf_loss halved, as CleanRL logs it
+
+    def update_actor(obs):
+        alpha = agent.log_alpha.detach().exp()
+        # The smaller of the two critics' values, through their detached parameters: no gradient reaches the
+        # critics, whose step would discard it anyway.
+        params = {name: p.detach() for name, p in agent.qnet_params.items()}
+        with autocast(args, obs.device):
+            pi, log_pi, _ = agent.actor.get_action(obs)
+            min_qf_pi = agent.qvalues(params, obs, pi).min(0).values
+            actor_loss = (alpha * log_pi - min_qf_pi).mean()
+        agent.actor_optimizer.zero_grad()
+        actor_loss.backward()
+        agent.actor_optimizer.step()
+        alpha_loss = torch.zeros((), device=obs.device)
+        if args.autotune:  # from a fresh sample of the stepped actor (FastSAC's)
+            with autocast(args, obs.device):
+                with torch.no_grad():
+                    _, log_pi, _ = agent.actor.get_action(obs)
+                alpha_loss = -(agent.log_alpha.exp() * (log_pi + agent.target_entropy)).mean()
+            agent.a_optimizer.zero_grad()
+            alpha_loss.backward()
+            agent.a_optimizer.step()
+        return {"actor_loss": actor_loss.detach(), "alpha_loss": alpha_loss.detach()}
+
+    def update_targets():
+        # one fused lerp over every target parameter
+        sources = [p.detach() for p in agent.qnet_params.values()]
+        torch._foreach_lerp_(list(agent.qnet_target.values()), sources, args.tau)
+
+    def policy(obs):
+        with torch.no_grad(), autocast(args, obs.device):
+            actions, _, _ = agent.actor.get_action(obs)
+        return actions
+
+    fns = update_critic, update_actor, update_targets, policy
+    return tuple(map(torch.compile, fns)) if args.compile else fns
+
+
+def actor_updates(args, vector_step):
+    """Which of a vector step's gradient updates step the actor: every --policy-frequency-th of the run."""
+    return [(vector_step * args.num_updates + k) % args.policy_frequency == args.policy_frequency - 1
+            for k in range(args.num_updates)]  # fmt: skip
+
+
+def make_collect(policy, envs, rb, obs, args):
+    """collect(): one env step of all envs from `obs` (raw, updated in place): act, step, store, update the
+    observation statistics. With --cudagraphs one CUDA graph, Warp's physics included."""
+
+    def collect():
+        actions = policy(envs.obs_rms.normalize(obs))
+        next_obs, final_obs, rewards, terminations, _ = envs.step_raw(actions)
+        # A finished episode's last transition keeps its true final observation; a truncation is no end.
+        rb.add(obs, actions, rewards, final_obs, terminations)
+        envs.obs_rms.update(next_obs)
+        obs.copy_(next_obs)
+
+    return CudaGraphModule(collect, warmup=3 if args.compile else 2) if args.cudagraphs else collect
+
+
+def make_train_step(rb, obs_rms, update_critic, update_actor, update_targets, args):
+    """train_step(pattern): a vector step's gradient updates, pattern[k] saying whether the k-th steps the actor:
+    each samples, normalises, updates; with --cudagraphs one captured graph per pattern. `stats`: fixed tensors."""
+    stats = {name: torch.zeros((), device=rb.envs.device) for name in STATS}
+
+    def step(pattern):
+        for actor_update in pattern:
+            obs, actions, rewards, next_obs, dones = rb.sample(args.batch_size)
+            obs, next_obs = obs_rms.normalize(obs), obs_rms.normalize(next_obs)
+            outputs = update_critic(obs, actions, rewards, next_obs, dones)
+            if actor_update:  # delayed policy updates
+                outputs.update(update_actor(obs))
+            update_targets()
+            for name, value in outputs.items():
+                stats[name].copy_(value)
+
+    @functools.cache
+    def step_of_kind(pattern):
+        fn = functools.partial(step, pattern)
+        return CudaGraphModule(fn, warmup=3 if args.compile else 2) if args.cudagraphs else fn
+
+    def train_step(pattern):
+        step_of_kind(tuple(pattern))()
+
+    return train_step, stats
+
+
+def train(args, run):
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    device, phase, n_envs = run.device, run.phase, args.num_envs
+    envs = Envs(args.env_id, n_envs, args.gamma, device)
+    n_obs, n_act = envs.obs.shape[1], envs.n_act  # envs.obs_rms: statistics of the first observations
+    agent = Agent(args, n_obs, n_act, envs.low, envs.high, device)
+    update_critic, update_actor, update_targets, policy = make_update_fns(agent, args)
+    rb = ReplayBuffer(args.buffer_size, n_envs, n_obs, n_act, device)
+    obs = envs.observe(fresh=torch.ones(n_envs, dtype=torch.bool, device=device))  # raw; updated in place
+    collect = make_collect(policy, envs, rb, obs, args)
+    train_step, stats = make_train_step(rb, envs.obs_rms, update_critic, update_actor, update_targets, args)
+    # The envs are device tensors: a checkpoint holds them, and a resumed run goes on as the uninterrupted one.
+    state = {**{name: getattr(agent, name) for name in AGENT_STATE}, "rb": rb, "envs": envs.state, "obs": obs}
+    first_step = run.start(state, total_steps=args.total_timesteps, warmup_steps=WARMUP_STEPS * n_envs,
+                           profile_steps=PROFILE_STEPS * n_envs, env_steps_per_call=n_envs,
+                           warmup_from=args.learning_starts)  # fmt: skip
+    # global_step counts env steps, n_envs per vector step.
+    for global_step in range(first_step, args.total_timesteps, n_envs):
+        run.unit(global_step)
+        with phase("env_step"):
+            collect()
+        if global_step >= args.learning_starts:
+            with phase("update"):
+                train_step(actor_updates(args, global_step // n_envs))
+        with phase("other"):
+            # By then an actor update has run (in this run, if it was resumed): its statistics exist.
+            logged = global_step >= max(args.learning_starts, first_step) + args.policy_frequency * n_envs
+            if run.tick(global_step + n_envs):
+                # The episodes ended since the last tick count as one, their mean; read back in one sync.
+                ended, return_sum, length_sum = envs.ended_episodes().tolist()
+                if ended:
+                    run.episode(global_step + n_envs, return_sum / ended, length_sum / ended)
+                if logged:
+                    losses = {f"losses/{name}": stats[name] for name in STATS}
+                    run.log(global_step, {**losses, "losses/alpha": agent.log_alpha.detach().exp()})
+
+
+def evaluate(args, run, saved):
+    """--eval-checkpoint: the saved actor's deterministic action (its squashed mean), episode after episode on
+    gymnasium's own env of the same id (MuJoCo's C simulator, which the batched envs reproduce), observations
+    normalised with the saved statistics, frozen."""
+    env = gym.wrappers.RecordEpisodeStatistics(gym.make(args.env_id))
+    n_obs, n_act = env.observation_space.shape[0], env.action_space.shape[0]
+    low, high = (torch.as_tensor(bound, device=run.device) for bound in (env.action_space.low, env.action_space.high))
+    actor = Actor(n_obs, n_act, args.actor_hidden_dim, low, high, device=run.device)
+    actor.load_state_dict(saved["actor"])
+    obs_rms = RunningMeanStd((n_obs,), run.device)
+    for key in ("mean", "var", "count"):
+        getattr(obs_rms, key).copy_(saved["envs"][f"obs_{key}"])
+    obs, _ = env.reset(seed=args.seed)
+    while True:
+        with torch.no_grad():
+            _, _, action = actor.get_action(obs_rms.normalize(torch.as_tensor(obs, device=run.device)[None]))
+        obs, _, terminated, truncated, info = env.step(action[0].cpu().numpy())
+        if terminated or truncated:
+            yield info["episode"]["r"]
+            obs, _ = env.reset()
+
+
+# ======== harness: the same in every script, stamped from leanrl/harness.py (docs/contract.md) ========
+import json, logging, math, random, signal, sys, tempfile, time, warnings  # noqa: E401, E402
+from collections import deque  # noqa: E402
+from contextlib import nullcontext  # noqa: E402
+from ctypes.util import find_library  # noqa: E402
+from dataclasses import asdict  # noqa: E402
+
+import gymnasium, numpy as np, tqdm, tyro  # noqa: E401, E402
+from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
+
+CHECKPOINT_FORMAT = "leanrl-checkpoint-2"
+# Numeric flags must be finite and >= 0; these, where a script has them, > 0 or in (0, 1].
+POSITIVE = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "buffer_size",
+            "batch_size", "learning_rate", "policy_lr", "q_lr", "policy_frequency", "target_network_frequency",
+            "train_frequency", "eval_episodes", "target_kl", "max_grad_norm")  # fmt: skip
+FRACTIONS = ("gamma", "gae_lambda", "tau")
+PROGRESS_SECONDS, CONSOLE_SECONDS = 1.0, 10.0  # the bar's refresh and fps log; a progress line off a terminal
+# Notes that are not the user's concern; the last: the episode an evaluation leaves unfinished is not recorded.
+QUIET_WARNINGS = (r".*The environment \S+-v4 is out of date", r"Using lock_\(\) inside a compiled graph",
+                  r"TensorFloat32 tensor cores", r"The AccumulateGrad node's stream does not match",
+                  r".*Unable to save last video")  # fmt: skip
+
+
+def fail(message):
+    """Bad input: one line on stderr, exit code 2, no traceback."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def checkpoint_file(path, script):
+    return os.path.join(path, f"{script}.pt") if os.path.isdir(path) else path
+
+
+def parse_args(script, argv):
+    """(args, checkpoint): argv over the arguments of the checkpoint to resume or evaluate, range-checked."""
+    args, checkpoint = tyro.cli(Args, args=argv), None
+    if args.resume and args.eval_checkpoint:
+        fail("--resume and --eval-checkpoint exclude each other")
+    if args.resume or args.eval_checkpoint:
+        path = checkpoint_file(args.resume or args.eval_checkpoint, script)
+        try:  # tensors and plain values only: loading runs no code
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+            assert checkpoint["format"] == CHECKPOINT_FORMAT and checkpoint["script"] == script
+            saved = Args(**checkpoint["args"])
+        except Exception as e:  # missing, truncated, another script's or another version's
+            fail(f"{'--resume' if args.resume else '--eval-checkpoint'} {path}: no checkpoint of this {script} "
+                 f"({type(e).__name__})")  # fmt: skip
+        save_dir, args = args.save_dir, tyro.cli(Args, args=argv, default=saved)
+        # A resumed run saves where it was resumed from, unless --save-dir names another folder.
+        args.save_dir = (save_dir or os.path.dirname(os.path.abspath(path))) if args.resume else None
+    for name, value in asdict(args).items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if name in FRACTIONS and not 0 < value <= 1:
+                fail(f"--{name.replace('_', '-')} {value} must be in (0, 1]")
+            if not (math.isfinite(value) and value >= 0 and (value > 0 or name not in POSITIVE)):
+                fail(f"--{name.replace('_', '-')} {value} must be {'positive' if name in POSITIVE else '0 or more'}")
+    if args.save_every and not args.save_dir:
+        fail(f"--save-every {args.save_every} needs --save-dir")
+    if args.track and not args.tensorboard:
+        fail("--track mirrors the TensorBoard scalars to wandb: drop --no-tensorboard")
+    check_args(args)
+    return args, checkpoint
+
+
+def check_outputs(args, script):
+    """Before the run: every output writable, and no other run's checkpoint overwritten."""
+    speed_log_folder = args.speed_log and os.path.dirname(os.path.abspath(args.speed_log))
+    folders = {"--save-dir": args.save_dir, "--profile-dir": args.profile_dir, "--speed-log": speed_log_folder,
+               "runs": args.tensorboard and "runs", "videos": getattr(args, "capture_video", False) and "videos"}
+    for option, folder in folders.items():
+        try:
+            if folder:
+                os.makedirs(folder, exist_ok=True)
+                tempfile.TemporaryFile(dir=folder).close()
+                open(args.speed_log, "a").close() if option == "--speed-log" else None
+        except OSError as e:
+            fail(f"{option} {folder} cannot be written: {e.strerror or e}")
+    existing = args.save_dir and checkpoint_file(args.save_dir, script)
+    resumed = args.resume and checkpoint_file(args.resume, script)
+    if existing and os.path.exists(existing) and not (resumed and os.path.samefile(resumed, existing)):
+        fail(f"--save-dir {args.save_dir} holds another run's checkpoint: --resume it, or pass another --save-dir")
+
+
+def headless_video(args):
+    """Without a display, MuJoCo renders videos through EGL, else OSMesa, or --capture-video is refused at start."""
+    if getattr(args, "capture_video", False) and not (os.environ.get("DISPLAY") or os.environ.get("MUJOCO_GL")):
+        gl = next((gl for gl, lib in (("egl", "EGL"), ("osmesa", "OSMesa")) if find_library(lib)), None)
+        if gl:
+            os.environ["MUJOCO_GL"] = os.environ["PYOPENGL_PLATFORM"] = gl
+        elif "mujoco" in str(getattr(gymnasium.envs.registry.get(args.env_id), "entry_point", "")):
+            fail("--capture-video of MuJoCo without a display needs EGL or OSMesa: apt-get install libegl1")
+
+
+def state_dict(state):
+    """A checkpoint's copy of {name: module, optimizer, object with state_dict(), tensor, or such a dict}."""
+    if isinstance(state, dict):
+        return {name: state_dict(part) for name, part in state.items()}
+    return state.detach().cpu().clone() if isinstance(state, torch.Tensor) else state.state_dict()
+
+
+def load_state(state, saved, name="state"):
+    """state_dict's inverse, in place: into the very tensors that compiled functions and captured graphs hold."""
+    if isinstance(state, dict):
+        return [load_state(part, saved[key], f"{name}.{key}") for key, part in state.items()]
+    try:
+        if isinstance(state, torch.Tensor) and saved.shape != state.shape:
+            raise ValueError(f"shape {tuple(saved.shape)}, here {tuple(state.shape)}")
+        if isinstance(state, torch.Tensor):
+            return state.detach().copy_(saved)
+        if not isinstance(state, torch.optim.Optimizer):
+            return state.load_state_dict(saved)
+        # capturable (--cudagraphs) is this run's; a tensor in a group (a learning rate on the device) stays the one
+        # that graphs hold, with the saved value.
+        now = state.param_groups
+        tensors = [{key: value for key, value in g.items() if isinstance(value, torch.Tensor)} for g in now]
+        groups = [{**g, "capturable": n.get("capturable", False)} for g, n in zip(saved["param_groups"], now)]
+        state.load_state_dict({**saved, "param_groups": groups})
+        for group, kept in zip(state.param_groups, tensors):
+            group.update({key: tensor.copy_(torch.as_tensor(group[key])) for key, tensor in kept.items()})
+    except (RuntimeError, ValueError, KeyError) as e:  # another network or env size than the checkpoint's
+        fail(f"--resume: the checkpoint's {name} does not fit this run: {str(e).splitlines()[0]}")
+
+
+def rng_states():
+    numpy_state = np.random.get_state(legacy=False)
+    numpy_state["state"]["key"] = torch.from_numpy(numpy_state["state"]["key"].astype(np.int64))
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+    return {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state(), "cuda": cuda}
+
+
+def set_rng_states(states):
+    states["numpy"]["state"]["key"] = states["numpy"]["state"]["key"].numpy().astype(np.uint32)
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"][: torch.cuda.device_count()])
+
+
+class ScalarLog:
+    """Scalars to TensorBoard (runs/<run name>/), which --track mirrors to wandb, as in CleanRL."""
+
+    def __init__(self, args, run_name):
+        self.writer = self.wandb = None
+        if args.track:  # before the writer: wandb mirrors the writers made after it
+            import wandb
+
+            try:
+                self.wandb = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, name=run_name,
+                                        config=vars(args), sync_tensorboard=True, settings=wandb.Settings(silent=True))
+            except Exception as e:  # no `wandb login`, WANDB_API_KEY or WANDB_MODE=offline; no network
+                fail(f"--track: wandb did not start: {str(e).splitlines()[0]}")
+        if args.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(os.path.join("runs", run_name))
+            table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
+            self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
+
+    def log(self, step, scalars):  # tensors read back together, in one sync
+        tensors = [key for key, value in scalars.items() if isinstance(value, torch.Tensor)]
+        if self.writer and tensors:
+            values = torch.stack([scalars[key].detach().float().reshape(()).cpu() for key in tensors]).tolist()
+            scalars = {**scalars, **dict(zip(tensors, values))}
+        for key, value in scalars.items() if self.writer else ():
+            self.writer.add_scalar(key, value, step)
+
+    def close(self):
+        if self.writer:
+            self.writer.close()
+        if self.wandb:
+            self.wandb.finish()
+
+
+class SpeedWindow:
+    """The steady fps window: from the first unit of work at or past `opens_at` env steps (after warm-up:
+    compilation, graph capture) to the end of the loop, less the seconds spent saving."""
+
+    def __init__(self, first_step, opens_at):
+        self.first_step, self.opens_at, self.t_open, self.paused = first_step, opens_at, None, 0.0
+        self.t_loop = time.perf_counter()
+
+    def opens(self, step):
+        if self.t_open is None and step >= self.opens_at:
+            self.t_open, self.step_open, self.paused_open = time.perf_counter(), step, self.paused
+            return True
+        return False
+
+    def steady(self, step):
+        return self.t_open is not None and step > self.step_open
+
+    def fps(self, step, now):
+        if self.steady(step):
+            return (step - self.step_open) / (now - self.t_open - self.paused + self.paused_open)
+        return (step - self.first_step) / max(now - self.t_loop - self.paused, 1e-9)
+
+
+class Run:
+    """What the training loop tells the harness and gets from it (docs/contract.md): start() before the loop,
+    unit() as each unit of work begins, episode() and tick() after env steps, log(); checkpoints are written, and
+    Ctrl-C or SIGTERM ends the run, between units of work; finish() writes the speed record."""
+
+    def __init__(self, args, script, checkpoint):
+        self.t_start, self.args, self.script, self.checkpoint = time.perf_counter(), args, script, checkpoint
+        self.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+        if getattr(args, "cudagraphs", False) and self.device.type != "cuda":
+            print("warning: --cudagraphs needs CUDA; running without CUDA graphs", file=sys.stderr)
+            args.cudagraphs = False
+        for message in QUIET_WARNINGS:
+            warnings.filterwarnings("ignore", message)
+        logging.getLogger("tensordict").setLevel(logging.WARNING)  # its INFO lines on each graph capture
+        # torch.compile's note that it skips the profiler scopes inside optimizer steps: they are still timed.
+        logging.getLogger("torch._dynamo.variables.ctx_manager").setLevel(logging.ERROR)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
+        if args.torch_threads:  # 0: torch's own default
+            torch.set_num_threads(args.torch_threads)
+        if not args.eval_checkpoint:
+            check_outputs(args, script)
+        headless_video(args)
+        self.video_folder = os.path.join("videos", self.run_name) if getattr(args, "capture_video", False) else None
+        self.phase = record_function if args.profile_dir else lambda name: nullcontext()
+        self.steps, self.signal, self.state, self.window, self.profiler, self.bar = 0, None, None, None, None, None
+        for signum in (signal.SIGINT, signal.SIGTERM):  # set, not inherited: a background job's SIGINT is ignored
+            signal.signal(signum, self.on_signal)
+
+    def on_signal(self, signum, frame):
+        """In the loop: stop as the next unit begins, never inside a compilation or a graph capture. The same stop
+        can come twice at once (`timeout` signals its command, then the command's process group), its second
+        handling delayed by a blocking call: a second signal within 3 s is that one; a later one stops at once."""
+        first, now = self.signal is None, time.monotonic()
+        if not first and now - self.t_signal < 3.0:
+            return
+        self.signal, self.t_signal = signum, now
+        if first and self.state is not None:
+            return print("stopping at the end of this step (again: at once)", file=sys.stderr, flush=True)
+        raise KeyboardInterrupt
+
+    def start(self, state, *, total_steps, warmup_steps, profile_steps, env_steps_per_call, warmup_from=0):
+        """The loop's plan in env steps: total_steps; the fps window opens warmup_steps past warmup_from (SAC:
+        learning_starts) or past a resumed run's first step, whichever is later; --profile-dir profiles its first
+        profile_steps; one env_step phase takes env_steps_per_call. `state` is what checkpoints hold (state_dict):
+        on --resume it is restored here, in place, with the random generators. Returns the first env step."""
+        first_step, returns, self.curve = 0, [], []  # curve: [env step, seconds since start, mean return]
+        if self.checkpoint is not None:
+            load_state(state, self.checkpoint["state"])
+            set_rng_states(self.checkpoint["rng"])
+            first_step, returns, self.curve = (self.checkpoint[key] for key in ("global_step", "returns", "curve"))
+            if first_step >= total_steps:
+                fail(f"--resume {self.args.resume}: that run is finished ({first_step} env steps); "
+                     "pass a larger --total-timesteps")  # fmt: skip
+            print(f"resuming at env step {first_step}, episodes restarted; saving to {self.args.save_dir}",
+                  file=sys.stderr)  # fmt: skip
+        self.state, self.steps, self.total_steps, self.profile_steps = state, first_step, total_steps, profile_steps
+        self.env_steps_per_call, self.returns = env_steps_per_call, deque(returns, maxlen=20)
+        self.next_save = self.save_due(first_step)
+        self.scalars = ScalarLog(self.args, self.run_name)  # now that the env and networks are made: no empty run
+        self.window = SpeedWindow(first_step, max(warmup_from, first_step) + warmup_steps)
+        self.t_shown = self.t_line = 0.0
+        # A bar on a terminal; elsewhere (logs, CI) a line every CONSOLE_SECONDS.
+        self.bar = tqdm.tqdm(total=total_steps, initial=first_step, unit="step", unit_scale=True, disable=None)
+        return first_step
+
+    def save_due(self, step):
+        return self.args.save_every and (step // self.args.save_every + 1) * self.args.save_every
+
+    def unit(self, step):
+        """A unit of work begins after `step` env steps: checkpoint, stop, fps window, profiler."""
+        self.steps = step
+        if self.args.save_dir and (self.signal or self.next_save and step >= self.next_save):
+            self.save(step)
+        if self.signal:
+            raise KeyboardInterrupt
+        if self.window.opens(step) and self.args.profile_dir:
+            cuda = self.device.type == "cuda"
+            self.profiler = profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda)
+            self.profiler.start()
+            self.profiler.add_metadata_json("env_steps_per_call", str(self.env_steps_per_call))  # for breakdown.py
+        elif self.profiler is not None and step >= self.window.step_open + self.profile_steps:
+            self.save_profile()
+
+    def save_profile(self):
+        self.profiler.stop()
+        self.profiler.export_chrome_trace(os.path.join(self.args.profile_dir, f"{self.script}.trace.json"))
+        self.profiler = None
+
+    def mean_return(self):
+        return round(float(np.mean(self.returns)), 2) if self.returns else None
+
+    def add_point(self, step, now):
+        if self.returns and (not self.curve or self.curve[-1][0] < step):
+            self.curve.append([step, round(now - self.t_start, 3), self.mean_return()])
+
+    def tick(self, step):
+        """After an env step, `step` in all: the return curve, and every PROGRESS_SECONDS the progress and True."""
+        self.steps, now = step, time.perf_counter()
+        if step * 50 // self.total_steps > (self.curve[-1][0] * 50 // self.total_steps if self.curve else 0):
+            self.add_point(step, now)
+        if now - self.t_shown < PROGRESS_SECONDS:
+            return False
+        self.t_shown, fps = now, self.window.fps(step, now)
+        status = f"fps {fps:.0f}{'' if self.window.steady(step) else ' (warm-up)'}, return {self.mean_return()}"
+        self.bar.set_postfix_str(status, refresh=False)
+        self.bar.update(step - self.bar.n)
+        if self.bar.disable and now - self.t_line >= CONSOLE_SECONDS:
+            self.t_line, eta = now, (self.total_steps - step) / max(fps, 1e-9) / 60
+            print(f"{self.script}: {step}/{self.total_steps} steps, {status}, eta {eta:.1f} min", file=sys.stderr)
+        self.log(step, {"charts/SPS": fps})
+        return True
+
+    def episode(self, step, episodic_return, length):
+        self.returns.append(float(episodic_return))
+        self.log(step, {"charts/episodic_return": float(episodic_return), "charts/episodic_length": int(length)})
+
+    def log(self, step, scalars):
+        self.scalars.log(step, scalars)
+
+    def save(self, step):
+        """Atomically: a temporary file, flushed to the disk, renamed over the last one. Left out of the fps."""
+        t_save, args = time.perf_counter(), self.args
+        checkpoint = {"format": CHECKPOINT_FORMAT, "script": self.script, "args": asdict(args), "global_step": step,
+                      "returns": list(self.returns), "curve": self.curve, "rng": rng_states(),
+                      "state": state_dict(self.state)}  # fmt: skip
+        temporary = os.path.join(args.save_dir, f".{self.script}.{os.getpid()}.tmp")
+        try:
+            with open(temporary, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temporary, checkpoint_file(args.save_dir, self.script))
+            os.fsync(folder := os.open(args.save_dir, os.O_RDONLY))  # the rename itself on the disk
+            os.close(folder)
+        except BaseException as e:  # a full disk, or a second Ctrl-C: no temporary file left behind
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+            if not isinstance(e, OSError):
+                raise
+            fail(f"--save-dir {args.save_dir}: the checkpoint of step {step} was not written: {e.strerror or e}")
+        self.next_save, self.window.paused = self.save_due(step), self.window.paused + time.perf_counter() - t_save
+
+    def evaluation(self, returns):
+        """--eval-checkpoint: the first --eval-episodes of `returns`, each printed, then their record."""
+        done = []
+        for episodic_return in returns:
+            done.append(round(float(episodic_return), 2))
+            print(f"episode {len(done)}: return {done[-1]:.2f}", flush=True)
+            if len(done) == self.args.eval_episodes:
+                break
+        record = {"script": self.script, "env_id": self.args.env_id, "episodes": len(done),
+                  "checkpoint": checkpoint_file(self.args.eval_checkpoint, self.script),
+                  "mean": round(float(np.mean(done)), 2), "std": round(float(np.std(done)), 2), "returns": done}
+        print(json.dumps(record), flush=True)
+        return record
+
+    def finish(self, interrupted):
+        """The speed record: the last stdout line, appended to --speed-log. Without a window: the whole loop's."""
+        for signum in (signal.SIGINT, signal.SIGTERM):  # nothing cuts the record short
+            signal.signal(signum, signal.SIG_IGN)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        t_end, window = time.perf_counter(), self.window or SpeedWindow(0, 0)
+        if self.profiler is not None:
+            self.save_profile()
+        if self.bar is not None:
+            self.add_point(self.steps, t_end)  # the curve ends where the run did
+            self.bar.update(self.steps - self.bar.n)
+            self.bar.close()
+            self.scalars.close()
+        if interrupted:
+            print(f"interrupted after {self.steps} env steps", file=sys.stderr, flush=True)
+        steady, args, cuda = window.steady(self.steps), self.args, self.device.type == "cuda"
+        record = {
+            "script": self.script, "env_id": args.env_id, "seed": args.seed, "compile": getattr(args, "compile", False),
+            "cudagraphs": getattr(args, "cudagraphs", False), "device": self.device.type,
+            "gpu": torch.cuda.get_device_name() if cuda else None, "cpu_count": os.cpu_count(),
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "total_timesteps": self.steps,
+            "fps": round(window.fps(self.steps, t_end), 1), "steady": steady, "interrupted": interrupted,
+            "fps_overall": round((self.steps - window.first_step) / (t_end - self.t_start), 1),
+            "resumed_from": window.first_step if self.checkpoint is not None else None,
+            "checkpoint_seconds": round(window.paused, 3),
+            "warmup_seconds": round((window.t_open if steady else window.t_loop) - self.t_start, 3),
+            "wall_seconds": round(t_end - self.t_start, 3), "episodic_return": self.bar and self.mean_return(),
+            "return_curve": self.bar and self.curve or [],
+        }  # fmt: skip
+        line = json.dumps(record)
+        if args.speed_log:
+            with open(args.speed_log, "a") as f:  # one write of a whole line: concurrent runs never interleave
+                f.write(line + "\n")
+        print(line, flush=True)
+        return record
+
+
+def main(argv=None):
+    """Train, or with --eval-checkpoint evaluate, as the arguments say; returns the record printed last on stdout."""
+    script = os.path.basename(__file__)[: -len(".py")]
+    args, checkpoint = parse_args(script, sys.argv[1:] if argv is None else argv)
+    run = Run(args, script, checkpoint)
+    if args.eval_checkpoint:
+        return run.evaluation(evaluate(args, run, checkpoint["state"]))
+    try:
+        train(args, run)
+        if args.save_dir:
+            run.save(run.steps)
+    except KeyboardInterrupt:
+        return run.finish(interrupted=True)
+    return run.finish(interrupted=False)
+
+
+if __name__ == "__main__":
+    sys.exit(130 if main().get("interrupted") else 0)
+# ======== end of harness ========
