@@ -388,6 +388,7 @@ class Actor(nn.Module):
         return action, log_prob, mean
 
 
+# ======== replay buffer, graphs: the same in the off-policy twins on GPU MuJoCo, stamped from the TD3 twin ========
 class ReplayBuffer:
     """FastTD3's buffer on the device: per-env circular storage, rows [obs, action, reward, next_obs, done] of
     buffer_size // num_envs steps of each env; a sample draws batch_size // num_envs of each env's rows, with
@@ -422,6 +423,7 @@ class ReplayBuffer:
         self.storage[: len(state["storage"])].copy_(state["storage"])  # in place: graphs hold these very tensors
         self.ptr.copy_(state["ptr"])
         self.size.copy_(state["size"])
+# ======== end of replay buffer, graphs ========
 
 
 class Agent:
@@ -538,6 +540,7 @@ def make_collect(policy, envs, rb, obs, args):
     return CudaGraphModule(collect, warmup=3 if args.compile else 2) if args.cudagraphs else collect
 
 
+# ======== training step, graphs: the same in the off-policy twins on GPU MuJoCo, stamped from the TD3 twin ========
 def make_train_step(rb, obs_rms, update_critic, update_actor, update_targets, args):
     """train_step(pattern): a vector step's gradient updates, pattern[k] saying whether the k-th steps the actor:
     each samples, normalises, updates; with --cudagraphs one captured graph per pattern. `stats`: fixed tensors."""
@@ -563,6 +566,7 @@ def make_train_step(rb, obs_rms, update_critic, update_actor, update_targets, ar
         step_of_kind(tuple(pattern))()
 
     return train_step, stats
+# ======== end of training step, graphs ========
 
 
 def train(args, run):

@@ -374,6 +374,7 @@ def project(probs, rewards, bootstrap, gamma, support):
     return projected.scatter_add_(-1, upper, probs * (b - lower))
 
 
+# ======== replay buffer: the same in the off-policy baselines on GPU MuJoCo, stamped from td3_gpu_mujoco.py ========
 class ReplayBuffer:
     """FastTD3's buffer on the device: per-env circular storage, rows [obs, action, reward, next_obs, done] of
     buffer_size // num_envs steps of each env; a sample draws batch_size // num_envs of each env's rows, with
@@ -402,6 +403,7 @@ class ReplayBuffer:
     def load_state_dict(self, state):
         self.storage[: state["size"]] = state["storage"]
         self.ptr, self.size = state["ptr"], state["size"]
+# ======== end of replay buffer ========
 
 
 class Agent:

@@ -392,6 +392,7 @@ def project(probs, rewards, bootstrap, gamma, support):
     return projected.scatter_add_(-1, upper, probs * (b - lower))
 
 
+# ======== replay buffer, graphs: the same in the off-policy twins on GPU MuJoCo, stamped from the TD3 twin ========
 class ReplayBuffer:
     """FastTD3's buffer on the device: per-env circular storage, rows [obs, action, reward, next_obs, done] of
     buffer_size // num_envs steps of each env; a sample draws batch_size // num_envs of each env's rows, with
@@ -426,6 +427,7 @@ class ReplayBuffer:
         self.storage[: len(state["storage"])].copy_(state["storage"])  # in place: graphs hold these very tensors
         self.ptr.copy_(state["ptr"])
         self.size.copy_(state["size"])
+# ======== end of replay buffer, graphs ========
 
 
 class Agent:
@@ -543,6 +545,7 @@ def make_collect(policy, envs, rb, obs, noise_scales, args):
     return CudaGraphModule(collect, warmup=3 if args.compile else 2) if args.cudagraphs else collect
 
 
+# ======== training step, graphs: the same in the off-policy twins on GPU MuJoCo, stamped from the TD3 twin ========
 def make_train_step(rb, obs_rms, update_critic, update_actor, update_targets, args):
     """train_step(pattern): a vector step's gradient updates, pattern[k] saying whether the k-th steps the actor:
     each samples, normalises, updates; with --cudagraphs one captured graph per pattern. `stats`: fixed tensors."""
@@ -568,6 +571,7 @@ def make_train_step(rb, obs_rms, update_critic, update_actor, update_targets, ar
         step_of_kind(tuple(pattern))()
 
     return train_step, stats
+# ======== end of training step, graphs ========
 
 
 def train(args, run):
