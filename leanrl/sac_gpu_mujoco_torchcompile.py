@@ -308,6 +308,7 @@ class Envs:
 
     # ======== end of MuJoCo Warp envs ========
 
+    # ======== MuJoCo Warp in torch's capture: the same in every twin on those envs, stamped from the PPO twin ========
     captured = []  # the Warp graphs that simulate's captures leave, kept: they own their kernels' memory
 
     @torch.compiler.disable  # Warp's launches: outside what torch.compile traces
@@ -324,6 +325,7 @@ class Envs:
         with wp.ScopedStream(stream, sync_enter=False):
             self.mujoco_steps()
         self.captured.append(wp.capture_end(stream=stream))
+    # ======== end of MuJoCo Warp in torch's capture ========
 
 
 def layer_widths(hidden_dim):

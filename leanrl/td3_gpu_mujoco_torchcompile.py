@@ -314,6 +314,7 @@ class Envs:
 
     # ======== end of MuJoCo Warp envs ========
 
+    # ======== MuJoCo Warp in torch's capture: the same in every twin on those envs, stamped from the PPO twin ========
     captured = []  # the Warp graphs that simulate's captures leave, kept: they own their kernels' memory
 
     @torch.compiler.disable  # Warp's launches: outside what torch.compile traces
@@ -330,6 +331,7 @@ class Envs:
         with wp.ScopedStream(stream, sync_enter=False):
             self.mujoco_steps()
         self.captured.append(wp.capture_end(stream=stream))
+    # ======== end of MuJoCo Warp in torch's capture ========
 
 
 def layer_widths(hidden_dim):
@@ -472,8 +474,7 @@ def make_update_fns(agent, args):
                     -args.noise_clip, args.noise_clip
                 ) * agent.actor.action_scale
                 next_state_actions = (agent.actor(next_obs) + clipped_noise).clamp(agent.action_low, agent.action_high)
-                # Both targets' distributions projected at once; clipped double Q: per sample, the one of the smaller
-                # expected value.
+                # Both targets' projections at once; clipped double Q: per sample, the one of smaller expected value.
                 next_probs = F.softmax(agent.qlogits(agent.qnet_target, next_obs, next_state_actions), -1)
                 projected = project(next_probs, rewards, 1 - dones, args.gamma, agent.support)
                 values = (projected * agent.support).sum(-1)

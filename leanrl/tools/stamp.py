@@ -7,8 +7,9 @@ A block runs from its fence line to its end line, both included, and is copied a
 From leanrl/harness.py: every script has the run options (inside its Args) and the harness (at its end); the
 torchrun block only the scripts that run data-parallel, which hold its fence lines. From
 leanrl/ppo_continuous_action_gpu_mujoco.py: the MuJoCo Warp envs, in the scripts on them (each then adds how it
-launches the physics, `Envs.simulate`). From the TD3 pair on those envs, into the SAC pair: the replay buffer (the
-baseline's into the baseline, the twin's into the twin) and the twin's captured training step.
+launches the physics, `Envs.simulate`); from its twin, the twins' `simulate`, which joins torch's capture. From the
+TD3 pair on those envs, into the SAC pair: the replay buffer (the baseline's into the baseline, the twin's into the
+twin) and the twin's captured training step.
 """
 
 import argparse
@@ -17,6 +18,7 @@ from pathlib import Path
 
 LEANRL = Path(__file__).resolve().parents[1]
 HARNESS, WARP_ENVS = LEANRL / "harness.py", LEANRL / "ppo_continuous_action_gpu_mujoco.py"
+WARP_TWIN = LEANRL / "ppo_continuous_action_gpu_mujoco_torchcompile.py"
 TD3_GPU, TD3_GPU_TWIN = LEANRL / "td3_gpu_mujoco.py", LEANRL / "td3_gpu_mujoco_torchcompile.py"
 # (name, first line's start, last line, required in every script, source)
 BLOCKS = (
@@ -25,6 +27,8 @@ BLOCKS = (
     ("harness", "# ======== harness:", "# ======== end of harness ========", True, HARNESS),
     ("MuJoCo Warp envs", "# ======== MuJoCo Warp envs:", "    # ======== end of MuJoCo Warp envs ========", False,
      WARP_ENVS),
+    ("MuJoCo Warp in torch's capture", "    # ======== MuJoCo Warp in torch's capture:",
+     "    # ======== end of MuJoCo Warp in torch's capture ========", False, WARP_TWIN),
     ("replay buffer", "# ======== replay buffer:", "# ======== end of replay buffer ========", False, TD3_GPU),
     ("replay buffer, graphs", "# ======== replay buffer, graphs:", "# ======== end of replay buffer, graphs ========",
      False, TD3_GPU_TWIN),
