@@ -22,7 +22,6 @@ from helpers import (
     assert_cudagraphs_fallback,
     assert_one_line_error,
     assert_return_curve,
-    assert_same_update,
     assert_steady,
     assert_trace_phases,
     first_rollout,
@@ -388,6 +387,16 @@ make_pair = functools.partial(ppo.make_pair, BASE, FAST, N_OBS, N_ACT)
 check_gae = functools.partial(ppo.check_gae, make_pair, N_OBS)
 
 
+def set_learning_rates(agent_b, agent_f, lr):
+    for agent in (agent_b, agent_f):
+        agent.set_learning_rate(lr)
+
+
+check_updates = functools.partial(ppo.check_updates, make_pair, N_OBS,
+                                  lambda gen, n: torch.randint(0, N_ACT, (n,), generator=gen),
+                                  set_learning_rate=set_learning_rates)  # fmt: skip
+
+
 @pytest.mark.parametrize("num_steps", [1, 2, 37, 64, 100])
 def test_gae_equivalence(num_steps):
     check_gae(compile=False, cudagraphs=False, device="cpu", num_steps=num_steps, num_envs=3)
@@ -399,43 +408,10 @@ def test_gae_equivalence_compiled():
 
 
 def check_update(compile, cudagraphs, device, updates=4, **kwargs):
-    """Same parameters and minibatches: each update gives the same statistics and parameters in both scripts,
-    with the learning rate changed between updates (annealing), over several updates so that the optimizer state
-    and graph replays are covered. The compiled variant's update writes its statistics into the same fixed
-    tensors each time. Its acting policy (compiled and captured only within collect) then sees the trained weights
-    without recording an autograd graph: its action is the baseline's draw for draw, and so are its
-    log-probability and value."""
-    (agent_b, (_, update_b)), (agent_f, (_, update_f, policy_f, stats_f)) = make_pair(
-        compile, cudagraphs, device, learning_rate=1e-2, **kwargs
-    )
-    stats_names = load_script(BASE).STATS
-    assert load_script(FAST).STATS == stats_names and list(stats_f) == list(stats_names)
-    fixed = [value.data_ptr() for value in stats_f.values()]
-    tol = 1e-5 if device == "cpu" else 1e-3  # GPU kernels of compiled and eager code round differently
-    initial = [p.detach().clone() for p in agent_f.net.parameters()]
-    gen = torch.Generator().manual_seed(1)
-    for i in range(updates):
-        obs = torch.randn(MINIBATCH, N_OBS, generator=gen).to(device)
-        actions = torch.randint(0, N_ACT, (MINIBATCH,), generator=gen).to(device)
-        with torch.no_grad():
-            _, logprobs, _, values = agent_b.net.get_action_and_value(obs, actions)
-        # Old log-probabilities off by up to 0.3 and old values by up to 0.5, so that some ratios and values are
-        # clipped.
-        logprobs = logprobs + (torch.rand(MINIBATCH, generator=gen).to(device) - 0.5) * 0.6
-        values = values.flatten() + (torch.rand(MINIBATCH, generator=gen).to(device) - 0.5)
-        advantages, returns = torch.randn(2, MINIBATCH, generator=gen).to(device)
-        minibatch = (obs, actions, logprobs, advantages, returns, values)
-        for agent in (agent_b, agent_f):
-            agent.set_learning_rate(1e-2 / (i + 1))
-        stats_b = update_b(*minibatch)
-        assert update_f(*minibatch) is None and list(stats_b) == list(stats_names)
-        for name in stats_names:
-            torch.testing.assert_close(stats_f[name], stats_b[name], atol=tol, rtol=tol, msg=name)
-        for p0, (name, p_b), p_f in zip(initial, agent_b.net.named_parameters(), agent_f.net.parameters()):
-            assert_same_update(p0, p_b.detach(), p_f.detach(), name=name)
-    assert 0 < stats_b["clipfrac"] < 1
-    assert [value.data_ptr() for value in stats_f.values()] == fixed
-    assert all(not torch.equal(p0, p) for p0, p in zip(initial, agent_f.net.parameters()))
+    """ppo.check_updates (the twin's updates against the baseline's); then its acting policy (compiled and captured
+    only within collect) sees the trained weights without recording an autograd graph: its action is the baseline's
+    draw for draw, and so are its log-probability and value."""
+    agent_b, _, policy_f, obs, _, tol = check_updates(compile, cudagraphs, device, MINIBATCH, updates, **kwargs)
     torch.manual_seed(5)
     with torch.no_grad():
         expected = agent_b.net.get_action_and_value(obs)
