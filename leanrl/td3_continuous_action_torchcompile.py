@@ -657,8 +657,15 @@ class Run:
         self.video_folder = os.path.join("videos", self.run_name) if getattr(args, "capture_video", False) else None
         self.phase = record_function if args.profile_dir else lambda name: nullcontext()
         self.steps, self.signal, self.state, self.window, self.profiler, self.bar = 0, None, None, None, None, None
-        for signum in (signal.SIGINT, signal.SIGTERM):  # set, not inherited: a background job's SIGINT is ignored
-            signal.signal(signum, self.on_signal)
+        self.stop_handler = self.on_signal
+        self.catch_stops()
+
+    def catch_stops(self):
+        """SIGINT and SIGTERM to self.stop_handler (set, not inherited: a background job's SIGINT is ignored). Again
+        as each unit begins: Triton's LLVM puts its own handlers in when it compiles, and a stop through them
+        can end the process with no record."""
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self.stop_handler)
 
     def on_signal(self, signum, frame):
         """In the loop: stop as the next unit begins, never inside a compilation or a graph capture. The same stop
@@ -703,6 +710,7 @@ class Run:
     def unit(self, step):
         """A unit of work begins after `step` env steps: checkpoint, stop, fps window, profiler."""
         self.steps = step
+        self.catch_stops()
         if self.args.save_dir and (self.signal or self.next_save and step >= self.next_save):
             self.save(step)
         if self.signal:

@@ -251,6 +251,30 @@ def test_timeout_signals_twice_and_it_is_one_stop(workdir):
     assert checkpoint_of(workdir / "run")["global_step"] == record["total_timesteps"] > 0
 
 
+def test_a_handler_put_in_by_a_library_is_replaced(workdir):
+    """A library that puts its own SIGTERM handler in mid-run (Triton's LLVM does, as it compiles; here the default
+    action, which ends the process at once) is undone as the next unit begins: SIGTERM still gives the record."""
+    code = f"""
+import importlib.util, os, signal, sys
+spec = importlib.util.spec_from_file_location("{NAME}", {str(SCRIPTS / f"{NAME}.py")!r})
+toy = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(toy)
+tick = toy.Run.tick
+def tick_then(self, step):
+    if step == 40:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if step == 80:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return tick(self, step)
+toy.Run.tick = tick_then
+sys.exit(130 if toy.main(["--total-timesteps", "4000", "--no-tensorboard"])["interrupted"] else 0)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 130, (proc.returncode, proc.stderr[-2000:])
+    record = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert record["interrupted"] is True and record["total_timesteps"] == 80, record
+
+
 def test_one_stop_delivered_twice_is_one_stop(monkeypatch, capsys):
     """In the loop, a second signal within 3 s of the first (the same stop, delivered twice) leaves the run to stop
     at the end of its unit of work; a later one stops it at once, as a second Ctrl-C should."""
