@@ -609,11 +609,8 @@ class Run:
         self.stop_handler = self.on_signal
         self.catch_stops()
 
-    def catch_stops(self):
-        """SIGINT and SIGTERM to self.stop_handler (set, not inherited: a background job's SIGINT is ignored). Again
-        as each unit begins: Triton's LLVM puts its own handlers in when it compiles, and a stop through them
-        can end the process with no record."""
-        for signum in (signal.SIGINT, signal.SIGTERM):
+    def catch_stops(self):  # again as each unit begins: Triton's LLVM puts its own handlers in when it compiles
+        for signum in (signal.SIGINT, signal.SIGTERM):  # set, not inherited: a background job's SIGINT is ignored
             signal.signal(signum, self.stop_handler)
 
     def on_signal(self, signum, frame):
@@ -747,8 +744,8 @@ class Run:
 
     def finish(self, interrupted):
         """The speed record: the last stdout line, appended to --speed-log. Without a window: the whole loop's."""
-        for signum in (signal.SIGINT, signal.SIGTERM):  # nothing cuts the record short
-            signal.signal(signum, signal.SIG_IGN)
+        self.stop_handler = signal.SIG_IGN  # nothing cuts the record short
+        self.catch_stops()
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         t_end, window = time.perf_counter(), self.window or SpeedWindow(0, 0)

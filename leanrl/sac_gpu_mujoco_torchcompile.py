@@ -99,8 +99,7 @@ class Args:
 
 
 # Vector steps (of all envs) after learning_starts before the fps window opens, and vector steps --profile-dir profiles.
-WARMUP_STEPS = 5
-PROFILE_STEPS = 2
+WARMUP_STEPS, PROFILE_STEPS = 5, 2
 LOG_STD_MAX = 2
 LOG_STD_MIN = -5
 # What a checkpoint keeps of the agent, with the replay buffer and the envs.
@@ -486,8 +485,7 @@ def make_update_fns(agent, args):
 
     def update_actor(obs):
         alpha = agent.log_alpha.detach().exp()
-        # The smaller of the two critics' values, through their detached parameters: no gradient reaches the
-        # critics, whose step would discard it anyway.
+        # The smaller critic's value, through detached parameters: no gradient reaches the critics.
         params = {name: p.detach() for name, p in agent.qnet_params.items()}
         with autocast(args, obs.device):
             pi, log_pi, _ = agent.actor.get_action(obs)
@@ -507,8 +505,7 @@ def make_update_fns(agent, args):
             agent.a_optimizer.step()
         return {"actor_loss": actor_loss.detach(), "alpha_loss": alpha_loss.detach()}
 
-    def update_targets():
-        # one fused lerp over every target parameter
+    def update_targets():  # one fused lerp over every target parameter
         sources = [p.detach() for p in agent.qnet_params.values()]
         torch._foreach_lerp_(list(agent.qnet_target.values()), sources, args.tau)
 
@@ -858,11 +855,8 @@ class Run:
         self.stop_handler = self.on_signal
         self.catch_stops()
 
-    def catch_stops(self):
-        """SIGINT and SIGTERM to self.stop_handler (set, not inherited: a background job's SIGINT is ignored). Again
-        as each unit begins: Triton's LLVM puts its own handlers in when it compiles, and a stop through them
-        can end the process with no record."""
-        for signum in (signal.SIGINT, signal.SIGTERM):
+    def catch_stops(self):  # again as each unit begins: Triton's LLVM puts its own handlers in when it compiles
+        for signum in (signal.SIGINT, signal.SIGTERM):  # set, not inherited: a background job's SIGINT is ignored
             signal.signal(signum, self.stop_handler)
 
     def on_signal(self, signum, frame):
@@ -996,8 +990,8 @@ class Run:
 
     def finish(self, interrupted):
         """The speed record: the last stdout line, appended to --speed-log. Without a window: the whole loop's."""
-        for signum in (signal.SIGINT, signal.SIGTERM):  # nothing cuts the record short
-            signal.signal(signum, signal.SIG_IGN)
+        self.stop_handler = signal.SIG_IGN  # nothing cuts the record short
+        self.catch_stops()
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         t_end, window = time.perf_counter(), self.window or SpeedWindow(0, 0)

@@ -98,8 +98,7 @@ class Args:
 
 
 # Vector steps (of all envs) after learning_starts before the fps window opens, and vector steps --profile-dir profiles.
-WARMUP_STEPS = 5
-PROFILE_STEPS = 2
+WARMUP_STEPS, PROFILE_STEPS = 5, 2
 # What a checkpoint keeps of the agent, with the replay buffer, the envs and the exploration noise.
 AGENT_STATE = ("actor", "qf1", "qf2", "qf1_target", "qf2_target", "q_optimizer", "actor_optimizer")
 # The statistics of an update, logged as losses/<name>.
@@ -438,9 +437,8 @@ def make_update_fns(agent, args):
         with autocast(args, agent.support.device):
             with torch.no_grad():
                 # Target policy smoothing: clipped noise on the actor's action (FastTD3: the actor itself, no target).
-                clipped_noise = (torch.randn_like(actions) * args.policy_noise).clamp(
-                    -args.noise_clip, args.noise_clip
-                ) * agent.actor.action_scale
+                noise = (torch.randn_like(actions) * args.policy_noise).clamp(-args.noise_clip, args.noise_clip)
+                clipped_noise = noise * agent.actor.action_scale
                 next_state_actions = (agent.actor(next_obs) + clipped_noise).clamp(agent.action_low, agent.action_high)
                 # Both targets' distributions projected onto the support; clipped double Q: per sample, the one of the
                 # smaller expected value.
@@ -798,11 +796,8 @@ class Run:
         self.stop_handler = self.on_signal
         self.catch_stops()
 
-    def catch_stops(self):
-        """SIGINT and SIGTERM to self.stop_handler (set, not inherited: a background job's SIGINT is ignored). Again
-        as each unit begins: Triton's LLVM puts its own handlers in when it compiles, and a stop through them
-        can end the process with no record."""
-        for signum in (signal.SIGINT, signal.SIGTERM):
+    def catch_stops(self):  # again as each unit begins: Triton's LLVM puts its own handlers in when it compiles
+        for signum in (signal.SIGINT, signal.SIGTERM):  # set, not inherited: a background job's SIGINT is ignored
             signal.signal(signum, self.stop_handler)
 
     def on_signal(self, signum, frame):
@@ -936,8 +931,8 @@ class Run:
 
     def finish(self, interrupted):
         """The speed record: the last stdout line, appended to --speed-log. Without a window: the whole loop's."""
-        for signum in (signal.SIGINT, signal.SIGTERM):  # nothing cuts the record short
-            signal.signal(signum, signal.SIG_IGN)
+        self.stop_handler = signal.SIG_IGN  # nothing cuts the record short
+        self.catch_stops()
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         t_end, window = time.perf_counter(), self.window or SpeedWindow(0, 0)

@@ -1,7 +1,6 @@
-# TD3 at GPU scale with the FastTD3 recipe (Seo et al. 2025): thousands of batched MuJoCo envs simulated with MuJoCo
-# Warp on the device that torch uses, the replay buffer there, a distributional (C51) pair of critics, large batches,
-# made fast: the critics one vmapped ensemble, the env step (Warp's physics included) and the updates CUDA graphs,
-# compile. Docs: docs/td3_gpu_mujoco.md
+# TD3 at GPU scale, the FastTD3 recipe (Seo et al. 2025): thousands of MuJoCo Warp envs on torch's device, the replay
+# buffer there, a distributional (C51) pair of critics, large batches; made fast: the critics one vmapped ensemble,
+# the env step (Warp's physics included) and the updates CUDA graphs, compile. Docs: docs/td3_gpu_mujoco.md
 import functools
 import math
 import os
@@ -105,8 +104,7 @@ class Args:
 
 
 # Vector steps (of all envs) after learning_starts before the fps window opens, and vector steps --profile-dir profiles.
-WARMUP_STEPS = 5
-PROFILE_STEPS = 2
+WARMUP_STEPS, PROFILE_STEPS = 5, 2
 # What a checkpoint keeps of the agent, with the replay buffer, the envs and the exploration noise.
 AGENT_STATE = ("actor", "qnet_params", "qnet_target", "q_optimizer", "actor_optimizer")
 # The statistics of an update, logged as losses/<name>.
@@ -470,9 +468,8 @@ def make_update_fns(agent, args):
         with autocast(args, agent.support.device):
             with torch.no_grad():
                 # Target policy smoothing: clipped noise on the actor's action (FastTD3: the actor itself, no target).
-                clipped_noise = (torch.randn_like(actions) * args.policy_noise).clamp(
-                    -args.noise_clip, args.noise_clip
-                ) * agent.actor.action_scale
+                noise = (torch.randn_like(actions) * args.policy_noise).clamp(-args.noise_clip, args.noise_clip)
+                clipped_noise = noise * agent.actor.action_scale
                 next_state_actions = (agent.actor(next_obs) + clipped_noise).clamp(agent.action_low, agent.action_high)
                 # Both targets' projections at once; clipped double Q: per sample, the one of smaller expected value.
                 next_probs = F.softmax(agent.qlogits(agent.qnet_target, next_obs, next_state_actions), -1)
@@ -490,8 +487,7 @@ def make_update_fns(agent, args):
         return {"qf1_values": qf1_values, "qf2_values": qf2_values, **losses}  # qf_loss halved, as CleanRL logs it
 
     def update_actor(obs):
-        # The smaller of the two critics' expected values, through their detached parameters: no gradient reaches
-        # the critics, whose step would discard it anyway.
+        # The smaller critic's expected value, through detached parameters: no gradient reaches the critics.
         params = {name: p.detach() for name, p in agent.qnet_params.items()}
         with autocast(args, agent.support.device):
             values = (F.softmax(agent.qlogits(params, obs, agent.actor(obs)), -1) * agent.support).sum(-1)
@@ -501,8 +497,7 @@ def make_update_fns(agent, args):
         agent.actor_optimizer.step()
         return {"actor_loss": actor_loss.detach()}
 
-    def update_targets():
-        # one fused lerp over every target parameter
+    def update_targets():  # one fused lerp over every target parameter
         sources = [p.detach() for p in agent.qnet_params.values()]
         torch._foreach_lerp_(list(agent.qnet_target.values()), sources, args.tau)
 
@@ -863,11 +858,8 @@ class Run:
         self.stop_handler = self.on_signal
         self.catch_stops()
 
-    def catch_stops(self):
-        """SIGINT and SIGTERM to self.stop_handler (set, not inherited: a background job's SIGINT is ignored). Again
-        as each unit begins: Triton's LLVM puts its own handlers in when it compiles, and a stop through them
-        can end the process with no record."""
-        for signum in (signal.SIGINT, signal.SIGTERM):
+    def catch_stops(self):  # again as each unit begins: Triton's LLVM puts its own handlers in when it compiles
+        for signum in (signal.SIGINT, signal.SIGTERM):  # set, not inherited: a background job's SIGINT is ignored
             signal.signal(signum, self.stop_handler)
 
     def on_signal(self, signum, frame):
@@ -1001,8 +993,8 @@ class Run:
 
     def finish(self, interrupted):
         """The speed record: the last stdout line, appended to --speed-log. Without a window: the whole loop's."""
-        for signum in (signal.SIGINT, signal.SIGTERM):  # nothing cuts the record short
-            signal.signal(signum, signal.SIG_IGN)
+        self.stop_handler = signal.SIG_IGN  # nothing cuts the record short
+        self.catch_stops()
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         t_end, window = time.perf_counter(), self.window or SpeedWindow(0, 0)
