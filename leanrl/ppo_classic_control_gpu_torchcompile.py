@@ -976,13 +976,15 @@ def join_ranks(run, network, args, global_step):
         dist.broadcast(tensor, 0)
     if global_step:
         resumed_apart(args, dist.get_rank(), global_step)
-    run.stop_handler = lambda signum, frame: setattr(run, "signal", signum)
+    run.rank_signal, run.signal = run.signal, None
+    run.stop_handler = lambda signum, frame: setattr(run, "rank_signal", signum)
     run.catch_stops()
 
 
 def agree_to_stop(run, device):
-    """At the end of each iteration: any rank's signal stops every rank as the next begins (rank 0 saves)."""
-    run.signal = int(agree(run.signal or 0, dist.ReduceOp.MAX, device)) or None
+    """At the end of each iteration: any rank's signal stops every rank as the next begins (rank 0 saves). Only
+    this agreement sets run.signal: a rank that stopped on its own would leave the others waiting in a collective."""
+    run.signal = int(agree(run.rank_signal or 0, dist.ReduceOp.MAX, device)) or None
     if run.signal and dist.get_rank():
         sys.stderr = open(os.devnull, "w")  # rank 0 tells where the run stopped
 

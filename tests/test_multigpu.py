@@ -148,6 +148,31 @@ def test_ctrl_c_stops_every_rank_together(name, tmp_path):
     assert stopped and set(stopped) == {f"interrupted after {record['total_timesteps']} env steps"}, err
 
 
+def stop_worker(rank, store, results):
+    """One rank of a gloo group, its Run joined to the others: a signal to rank 0 alone sets no stop on it until
+    the ranks agree at the end of the iteration (else rank 0 would stop while rank 1 waits in its next all-reduce);
+    then it stops both."""
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2, timeout=TIMEOUT)
+    base = load_script(BASE)
+    args = base.Args(cuda=False)
+    run = base.Run(args, BASE, None)
+    base.join_ranks(run, torch.nn.Linear(2, 2), args, 0)
+    base.agree_to_stop(run, "cpu")
+    stops = [run.signal]
+    if rank == 0:
+        os.kill(os.getpid(), signal.SIGINT)
+    stops.append(run.signal)
+    base.agree_to_stop(run, "cpu")
+    results[rank] = [*stops, run.signal]
+    dist.destroy_process_group()
+
+
+def test_a_signal_to_one_rank_waits_for_the_others(tmp_path):
+    results = mp.Manager().dict()
+    mp.spawn(stop_worker, args=(tmp_path / "store", results), nprocs=2)
+    assert results[0] == results[1] == [None, None, signal.SIGINT]
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
