@@ -3,9 +3,14 @@ explicitly; pytest's default (prepend) import mode puts tests/ on sys.path for t
 
 import logging
 import signal
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+# The scripts import the harness and the GPU env modules from leanrl/, as they do when run as leanrl/<script>.py.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "leanrl"))
 
 
 @pytest.fixture

@@ -17,9 +17,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "leanrl"
+TESTS = ROOT / "tests"
 RECORD_KEYS = {
     "script", "env_id", "seed", "compile", "cudagraphs", "device", "gpu", "cpu_count", "torch", "torch_threads",
-    "total_timesteps", "fps", "steady", "interrupted", "fps_overall", "resumed_from", "checkpoint_seconds",
+    "total_timesteps", "fps", "steady", "interrupted", "diverged", "amp", "fps_overall", "resumed_from", "checkpoint_seconds",
     "warmup_seconds", "wall_seconds", "episodic_return", "return_curve",
 }  # fmt: skip
 # The four modes of a compiled script.
@@ -33,10 +34,16 @@ def mode_id(mode):
     return "+".join(mode) or "eager"
 
 
+def script_path(name):
+    """leanrl/<name>.py, or the toy script tests/<name>.py."""
+    return SCRIPTS / f"{name}.py" if (SCRIPTS / f"{name}.py").exists() else TESTS / f"{name}.py"
+
+
 @functools.cache
 def load_script(name):
-    """Import leanrl/<name>.py as a module, without running its main()."""
-    spec = importlib.util.spec_from_file_location(name.replace("/", "."), SCRIPTS / f"{name}.py")
+    """Import leanrl/<name>.py (conftest.py puts leanrl/ on sys.path for its imports) as a module, without running
+    its main()."""
+    spec = importlib.util.spec_from_file_location(name.replace("/", "."), script_path(name))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -108,7 +115,7 @@ def run_cli(name, *argv, cwd=None):
     nothing lands in the repository)."""
     with tempfile.TemporaryDirectory() as scratch:
         return subprocess.run(
-            [sys.executable, str(SCRIPTS / f"{name}.py"), *map(str, argv)],
+            [sys.executable, str(script_path(name)), *map(str, argv)],
             capture_output=True,
             text=True,
             timeout=600,

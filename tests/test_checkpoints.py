@@ -12,6 +12,8 @@ import pytest
 import torch
 from helpers import load_script, run_main, run_main_stderr
 
+import harness
+
 OFF_POLICY = ["--env-id", "Pendulum-v1", "--learning-starts", "200", "--batch-size", "32", "--buffer-size", "1000"]
 DQN = ["--learning-starts", "200", "--batch-size", "32", "--buffer-size", "1000", "--train-frequency", "2",
        "--target-network-frequency", "50", "--no-tensorboard"]  # fmt: skip
@@ -96,7 +98,7 @@ def test_resumed_run_goes_on_from_its_checkpoint(name, workdir, capsys, monkeypa
 
     def recording_start(self, state, **plan):
         first_step = start(self, state, **plan)
-        restored.update(state=copy.deepcopy(script.state_dict(state)), first_step=first_step)
+        restored.update(state=copy.deepcopy(harness.state_dict(state)), first_step=first_step)
         return first_step
 
     monkeypatch.setattr(script.Run, "start", recording_start)

@@ -9,7 +9,6 @@ import os
 import warnings
 
 import gymnasium as gym
-
 import numpy as np
 import pytest
 import torch

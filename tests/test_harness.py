@@ -1,7 +1,6 @@
-"""The harness, tested once through leanrl/harness.py, the toy script around its single source (every training
-script carries a stamped copy, test_contract.py): the speed record, resume in place, checkpoints written
-atomically where the run was resumed from, Ctrl-C and SIGTERM, kill -9, bad input, outputs checked at start."""
-
+"""The harness (leanrl/harness/), tested once through tests/least_squares.py, a toy script around it: the speed
+record, resume in place, checkpoints written atomically where the run was resumed from, Ctrl-C and SIGTERM, kill -9,
+bad input, outputs checked at start."""
 import copy
 import hashlib
 import json
@@ -14,9 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import SCRIPTS, assert_one_line_error, load_script, run_bad_input, run_main, run_main_stderr, wait_for
+from helpers import assert_one_line_error, load_script, run_bad_input, run_main, run_main_stderr, script_path, wait_for
 
-NAME = "harness"
+import harness
+
+NAME = "least_squares"
 pytestmark = pytest.mark.usefixtures("workdir")
 
 
@@ -32,7 +33,7 @@ def start(*argv, cwd, ignore_sigint=False):
     """The toy as a user runs it, slowed down so that signals land in its loop. ignore_sigint: as a background job
     of a non-interactive shell starts, with SIGINT ignored."""
     preexec = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None
-    return subprocess.Popen([sys.executable, str(SCRIPTS / f"{NAME}.py"), "--step-seconds", "0.01", *argv], cwd=cwd,
+    return subprocess.Popen([sys.executable, str(script_path(NAME)), "--step-seconds", "0.01", *argv], cwd=cwd,
                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=preexec)  # fmt: skip
 
 
@@ -59,7 +60,7 @@ def test_resume_restores_the_state_in_place(capsys, monkeypatch):
 
     def recording_start(self, state, **plan):
         first_step = start_run(self, state, **plan)
-        seen.update(first_step=first_step, state=copy.deepcopy(load_script(NAME).state_dict(state)), rng=torch.get_rng_state())
+        seen.update(first_step=first_step, state=copy.deepcopy(harness.state_dict(state)), rng=torch.get_rng_state())
         return first_step
 
     monkeypatch.setattr(load_script(NAME).Run, "start", recording_start)
@@ -77,20 +78,20 @@ def test_a_copied_folder_resumes_into_the_copy(capsys):
     """--resume DIR writes the next checkpoints into DIR, the original folder untouched; --save-dir names another."""
     run_main(NAME, ["--total-timesteps", "400", "--save-dir", "first", "--no-tensorboard"], capsys)
     shutil.copytree("first", "copy")
-    before = digest("first/harness.pt")
+    before = digest("first/least_squares.pt")
     run_main(NAME, ["--resume", "copy", "--total-timesteps", "800", "--no-tensorboard"], capsys)
-    assert checkpoint_of("copy")["global_step"] == 800 and digest("first/harness.pt") == before
-    run_main(NAME, ["--resume", "copy/harness.pt", "--total-timesteps", "1200", "--save-dir", "other",
+    assert checkpoint_of("copy")["global_step"] == 800 and digest("first/least_squares.pt") == before
+    run_main(NAME, ["--resume", "copy/least_squares.pt", "--total-timesteps", "1200", "--save-dir", "other",
                     "--no-tensorboard"], capsys)  # fmt: skip
     assert checkpoint_of("other")["global_step"] == 1200 and checkpoint_of("copy")["global_step"] == 800
 
 
 def test_a_finished_run_resumed_says_so(capsys):
     run_main(NAME, ["--total-timesteps", "400", "--save-dir", "run", "--no-tensorboard"], capsys)
-    before = digest("run/harness.pt")
+    before = digest("run/least_squares.pt")
     proc = run_bad_input(NAME, ["--resume", "run", "--no-tensorboard"], capsys)
     assert_one_line_error(proc, "--resume run", "finished", "400", "--total-timesteps")
-    assert digest("run/harness.pt") == before
+    assert digest("run/least_squares.pt") == before
 
 
 @pytest.mark.parametrize(
@@ -120,32 +121,32 @@ def test_bad_flags(argv, flag, capsys):
 def saved(capsys):
     """A checkpoint of the toy in run/, and the digest of its bytes."""
     run_main(NAME, ["--total-timesteps", "400", "--save-dir", "run", "--no-tensorboard"], capsys)
-    return digest("run/harness.pt")
+    return digest("run/least_squares.pt")
 
 
 @pytest.mark.parametrize(
     "argv, fragment",
     [
         (["--resume", "missing.pt"], "missing.pt"),
-        (["--eval-checkpoint", "empty"], "empty/harness.pt"),
+        (["--eval-checkpoint", "empty"], "empty/least_squares.pt"),
         (["--resume", "truncated.pt"], "truncated.pt"),
         (["--eval-checkpoint", "text.pt"], "text.pt"),
         (["--resume", "plain.pt"], "plain.pt"),
         (["--resume", "other_script.pt"], "other_script.pt"),
         (["--save-dir", "run"], "--save-dir run"),
-        (["--save-dir", "run/harness.pt/inside"], "--save-dir"),
+        (["--save-dir", "run/least_squares.pt/inside"], "--save-dir"),
     ],
 )
 def test_bad_checkpoints_and_folders(saved, argv, fragment, capsys):
     """One error line each, and the checkpoint already there untouched."""
-    data = Path("run/harness.pt").read_bytes()
+    data = Path("run/least_squares.pt").read_bytes()
     Path("truncated.pt").write_bytes(data[:1000])
     Path("text.pt").write_text("not a checkpoint\n")
     torch.save({"weights": torch.zeros(2)}, "plain.pt")
-    torch.save({**torch.load("run/harness.pt", weights_only=True), "script": "sac_continuous_action"}, "other_script.pt")
+    torch.save({**torch.load("run/least_squares.pt", weights_only=True), "script": "sac_continuous_action"}, "other_script.pt")
     Path("empty").mkdir()
     assert_one_line_error(run_bad_input(NAME, argv, capsys), fragment)
-    assert digest("run/harness.pt") == saved
+    assert digest("run/least_squares.pt") == saved
 
 
 @pytest.mark.parametrize("option, below", [("--speed-log", "speed.jsonl"), ("--profile-dir", "profile"),
@@ -179,7 +180,7 @@ def test_failed_write_keeps_the_last_checkpoint(capsys, monkeypatch):
 def test_profile_window(capsys):
     """--profile-dir: a trace of the steady window's first units, with the loop's phases and env steps per call."""
     run_main(NAME, ["--profile-dir", "profile", "--no-tensorboard"], capsys)
-    trace = json.loads(Path("profile/harness.trace.json").read_text())
+    trace = json.loads(Path("profile/least_squares.trace.json").read_text())
     names = {event.get("name") for event in trace["traceEvents"]}
     assert {"env_step", "update"} <= names and int(trace["env_steps_per_call"]) == 4
 
@@ -227,22 +228,24 @@ def test_killed_run_resumes(workdir):
 
 
 def test_progress_lines_where_stderr_is_not_a_terminal(capsys, monkeypatch):
-    """With no wait between lines: one line per env step, counting env steps, marked as warm-up until the fps window
-    opens (8 steps of 4 envs)."""
-    monkeypatch.setattr(load_script(NAME), "PROGRESS_SECONDS", 0.0)
-    monkeypatch.setattr(load_script(NAME), "CONSOLE_SECONDS", 0.0)
+    """With no wait between lines: one line per env step, counting env steps; until the fps window opens (8 steps of
+    4 envs) each says warm-up and gives neither fps nor eta, which would not mean anything yet."""
+    monkeypatch.setattr(harness.progress, "PROGRESS_SECONDS", 0.0)
+    monkeypatch.setattr(harness.progress, "CONSOLE_SECONDS", 0.0)
     record, err = run_main_stderr(NAME, ["--total-timesteps", "80", "--no-tensorboard"], capsys)
-    pattern = re.compile(rf"{NAME}: (\d+)/80 steps, fps \d+( \(warm-up\))?, return (None|-?\d+\.\d+), eta \d+\.\d min")
+    assert f"{NAME}: warm-up for 32 env steps; fps and eta once the rate is steady" in err
+    pattern = re.compile(rf"{NAME}: (\d+)/80 steps, (warm-up|fps \d+), return (None|-?\d+\.\d+)(, eta \d+\.\d min)?")
     lines = [m for m in map(pattern.fullmatch, err.splitlines()) if m]
     assert [int(m.group(1)) for m in lines] == list(range(4, 84, 4)), err[-500:]
-    assert [bool(m.group(2)) for m in lines] == [step <= 32 for step in range(4, 84, 4)]
+    assert [m.group(2) == "warm-up" for m in lines] == [step <= 32 for step in range(4, 84, 4)]
+    assert [m.group(4) is None for m in lines] == [step <= 32 for step in range(4, 84, 4)]
     assert record["steady"] is True
 
 
 def test_timeout_signals_twice_and_it_is_one_stop(workdir):
     """`timeout -s INT` signals its command, then the command's process group: the same stop, twice at once. Started
-    in the background of a shell, as issue 28's GPU runs were: a checkpoint, the record, exit 130, no traceback."""
-    command = (f"timeout -s INT 10 {sys.executable} {SCRIPTS / 'harness.py'} --step-seconds 0.01 --total-timesteps "
+    in the background of a shell, as GPU runs often are: a checkpoint, the record, exit 130, no traceback."""
+    command = (f"timeout -s INT 10 {sys.executable} {script_path(NAME)} --step-seconds 0.01 --total-timesteps "
                "100000 --save-dir run --no-tensorboard > out.txt 2> err.txt & wait $!")  # fmt: skip
     assert subprocess.run(["bash", "-c", command], cwd=workdir, timeout=120).returncode == 124  # timeout's "timed out"
     out, err = (workdir / "out.txt").read_text(), (workdir / "err.txt").read_text()
@@ -256,7 +259,7 @@ def test_a_handler_put_in_by_a_library_is_replaced(workdir):
     action, which ends the process at once) is undone as the next unit begins: SIGTERM still gives the record."""
     code = f"""
 import importlib.util, os, signal, sys
-spec = importlib.util.spec_from_file_location("{NAME}", {str(SCRIPTS / f"{NAME}.py")!r})
+spec = importlib.util.spec_from_file_location("{NAME}", {str(script_path(NAME))!r})
 toy = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(toy)
 tick = toy.Run.tick
@@ -278,12 +281,14 @@ sys.exit(130 if toy.main(["--total-timesteps", "4000", "--no-tensorboard"])["int
 def test_one_stop_delivered_twice_is_one_stop(monkeypatch, capsys):
     """In the loop, a second signal within 3 s of the first (the same stop, delivered twice) leaves the run to stop
     at the end of its unit of work; a later one stops it at once, as a second Ctrl-C should."""
-    run = load_script(NAME).Run.__new__(load_script(NAME).Run)
-    run.signal, run.state = None, {}
+    from harness import signals
+
+    stops = signals.StopSignals.__new__(signals.StopSignals)
+    stops.signal, stops.in_loop = None, True
     clock = iter([100.0, 102.0, 103.5])
-    monkeypatch.setattr(load_script(NAME).time, "monotonic", lambda: next(clock))
-    run.on_signal(signal.SIGINT, None)
-    run.on_signal(signal.SIGINT, None)
-    assert run.signal == signal.SIGINT and "stopping at the end of this step" in capsys.readouterr().err
+    monkeypatch.setattr(signals.time, "monotonic", lambda: next(clock))
+    stops.on_signal(signal.SIGINT, None)
+    stops.on_signal(signal.SIGINT, None)
+    assert stops.signal == signal.SIGINT and "stopping at the end of this step" in capsys.readouterr().err
     with pytest.raises(KeyboardInterrupt):
-        run.on_signal(signal.SIGINT, None)
+        stops.on_signal(signal.SIGINT, None)

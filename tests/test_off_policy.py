@@ -5,11 +5,10 @@ truncation, resume. The checks are off_policy.py's; what differs between the two
 their Algo below."""
 
 import numpy as np
+import off_policy as op
 import pytest
 import torch
 from helpers import MODES, assert_cudagraphs_fallback, assert_one_line_error, mode_id, requires_cuda, run_cli
-
-import off_policy as op
 
 pytestmark = pytest.mark.usefixtures("workdir")
 

@@ -11,11 +11,10 @@ Warp's kernels load from ~/.cache/warp (a first build takes a minute or two on t
 import math
 
 import numpy as np
+import off_policy_gpu as opg
 import pytest
 import torch
 from helpers import load_script, run_main, tensorboard_scalars
-
-import off_policy_gpu as opg
 from off_policy_gpu import HIGH, LOW, N_OBS, TINY
 
 NAME = "sac_gpu_mujoco"

@@ -8,11 +8,10 @@ checks that the SAC pair shares are off_policy_gpu.py's; what is TD3's is here, 
 Warp's kernels load from ~/.cache/warp (a first build takes a minute or two on the 2-core CPU)."""
 
 import numpy as np
+import off_policy_gpu as opg
 import pytest
 import torch
 from helpers import load_script
-
-import off_policy_gpu as opg
 from off_policy_gpu import CPU, HIGH, LOW, N_OBS
 
 NAME = "td3_gpu_mujoco"

@@ -1,0 +1,94 @@
+"""Checkpoints: the state a loop names, the random generators, written atomically and restored in place."""
+
+import os
+import random
+
+import numpy as np
+import torch
+
+from .errors import fail
+
+CHECKPOINT_FORMAT = "leanrl-checkpoint-2"
+
+
+def checkpoint_file(path, script):
+    return os.path.join(path, f"{script}.pt") if os.path.isdir(path) else path
+
+
+def read_checkpoint(option, path, script):
+    """The checkpoint of `script` at path (a file or a --save-dir), or a one-line error that says what is wrong."""
+    path = checkpoint_file(path, script)
+    if not os.path.isfile(path):
+        fail(f"{option} {path}: no such checkpoint file")
+    try:  # tensors and plain values only: loading runs no code
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        fail(f"{option} {path}: not a readable checkpoint, truncated or corrupt ({type(e).__name__})")
+    if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:
+        fail(f"{option} {path}: not a checkpoint of this version of the collection")
+    if checkpoint["script"] != script:
+        fail(f"{option} {path}: a checkpoint of {checkpoint['script']}, not of {script}")
+    return checkpoint
+
+
+def state_dict(state):
+    """A checkpoint's copy of {name: module, optimizer, object with state_dict(), tensor, or such a dict}."""
+    if isinstance(state, dict):
+        return {name: state_dict(part) for name, part in state.items()}
+    return state.detach().cpu().clone() if isinstance(state, torch.Tensor) else state.state_dict()
+
+
+def load_state(state, saved, env_id, name="state"):
+    """state_dict's inverse, in place: into the very tensors that compiled functions and captured graphs hold."""
+    if isinstance(state, dict):
+        return [load_state(part, saved[key], env_id, f"{name}.{key}") for key, part in state.items()]
+    try:
+        if isinstance(state, torch.Tensor) and saved.shape != state.shape:
+            raise ValueError(f"shape {tuple(saved.shape)}, here {tuple(state.shape)}")
+        if isinstance(state, torch.Tensor):
+            return state.detach().copy_(saved)
+        if not isinstance(state, torch.optim.Optimizer):
+            return state.load_state_dict(saved)
+        # capturable (--cudagraphs) is this run's; a tensor in a group (a learning rate on the device) stays the one
+        # that graphs hold, with the saved value.
+        now = state.param_groups
+        tensors = [{key: value for key, value in g.items() if isinstance(value, torch.Tensor)} for g in now]
+        groups = [{**g, "capturable": n.get("capturable", False)} for g, n in zip(saved["param_groups"], now)]
+        state.load_state_dict({**saved, "param_groups": groups})
+        for group, kept in zip(state.param_groups, tensors):
+            group.update({key: tensor.copy_(torch.as_tensor(group[key])) for key, tensor in kept.items()})
+    except (RuntimeError, ValueError, KeyError) as e:  # another network or env size than the checkpoint's
+        fail(f"--resume: the checkpoint's {name} does not fit this run on {env_id}: {str(e).splitlines()[0]}")
+
+
+def rng_states():
+    numpy_state = np.random.get_state(legacy=False)
+    numpy_state["state"]["key"] = torch.from_numpy(numpy_state["state"]["key"].astype(np.int64))
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+    return {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state(), "cuda": cuda}
+
+
+def set_rng_states(states):
+    states["numpy"]["state"]["key"] = states["numpy"]["state"]["key"].numpy().astype(np.uint32)
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"][: torch.cuda.device_count()])
+
+
+def write_checkpoint(checkpoint, folder, script):
+    """Atomically: a temporary file, flushed to the disk, renamed over the last one; an OSError is the caller's."""
+    temporary = os.path.join(folder, f".{script}.{os.getpid()}.tmp")
+    try:
+        with open(temporary, "wb") as f:
+            torch.save(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, checkpoint_file(folder, script))
+        os.fsync(fd := os.open(folder, os.O_RDONLY))  # the rename itself on the disk
+        os.close(fd)
+    except BaseException:  # a full disk, or a second Ctrl-C: no temporary file left behind
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise

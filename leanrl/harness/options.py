@@ -1,0 +1,132 @@
+"""The run options every script shares, and the command line parsed into them: one-line errors for bad input."""
+
+import math
+import os
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, fields
+
+import tyro
+
+from .checkpoints import checkpoint_file, read_checkpoint
+from .errors import fail
+
+# Numeric flags must be finite and >= 0; these, where a script has them, > 0 or in (0, 1].
+POSITIVE = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "buffer_size",
+            "batch_size", "learning_rate", "policy_lr", "q_lr", "policy_frequency", "target_network_frequency",
+            "train_frequency", "eval_episodes", "target_kl", "max_grad_norm")  # fmt: skip
+FRACTIONS = ("gamma", "gae_lambda", "tau")
+# Flags a resumed run may change without --resume-anyway: they change how it runs, not what it computes.
+FREE_ON_RESUME = ("total_timesteps", "compile", "cudagraphs", "cuda", "capture_video")
+
+
+def flag(name):
+    return "--" + name.replace("_", "-")
+
+
+@dataclass
+class RunOptions:
+    """What every script's Args adds to the algorithm's fields (docs/contract.md)."""
+
+    exp_name: str | None = None
+    """the name of this experiment, in the run's name (default: the script's name)"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """sets `torch.backends.cudnn.deterministic`"""
+    cuda: bool = True
+    """use CUDA when it is available"""
+    torch_threads: int = 1
+    """torch's intra-op CPU threads (0: torch's default, one per core)"""
+    track: bool = False
+    """track the experiment with Weights and Biases"""
+    wandb_project_name: str = "leanrl"
+    """the wandb project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of the wandb project"""
+    tensorboard: bool = True
+    """write TensorBoard scalars under runs/<run name>/"""
+    speed_log: str | None = None
+    """append the speed record (the last stdout line, one JSON object) to this file"""
+    profile_dir: str | None = None
+    """profile the start of the steady window and write the trace into this directory"""
+    save_dir: str | None = None
+    """write checkpoints into this directory: every --save-every env steps, at the end, and on Ctrl-C"""
+    save_every: int = 0
+    """env steps between checkpoints (0: only at the end and on Ctrl-C)"""
+    resume: str | None = None
+    """continue the run saved in this checkpoint (a file, or a --save-dir); checkpoints go on there"""
+    resume_anyway: bool = False
+    """with --resume: go on although flags that change the algorithm differ from the checkpoint's"""
+    eval_checkpoint: str | None = None
+    """evaluate the policy of this checkpoint (file or --save-dir) for --eval-episodes and exit"""
+    eval_episodes: int = 10
+    """episodes that --eval-checkpoint runs"""
+
+
+def parse_args(Args, script_file, argv=None):
+    """(args, checkpoint): argv over the arguments of the checkpoint to resume or evaluate, range-checked."""
+    script = os.path.basename(script_file).removesuffix(".py")
+    argv = sys.argv[1:] if argv is None else argv
+    args, checkpoint = tyro.cli(Args, args=argv), None
+    if args.resume and args.eval_checkpoint:
+        fail("--resume and --eval-checkpoint exclude each other")
+    if args.resume or args.eval_checkpoint:
+        option = "--resume" if args.resume else "--eval-checkpoint"
+        checkpoint = read_checkpoint(option, args.resume or args.eval_checkpoint, script)
+        saved = Args(**{f.name: checkpoint["args"][f.name] for f in fields(Args) if f.name in checkpoint["args"]})
+        save_dir, args = args.save_dir, tyro.cli(Args, args=argv, default=saved)
+        # A resumed run saves where it was resumed from, unless --save-dir names another folder.
+        resumed = args.resume and os.path.abspath(checkpoint_file(args.resume, script))
+        args.save_dir = (save_dir or os.path.dirname(resumed)) if args.resume else None
+        if args.resume:
+            check_resumed(args, saved)
+    args.exp_name = args.exp_name or script
+    if "/" in args.exp_name or os.sep in args.exp_name:
+        fail(f"--exp-name {args.exp_name}: a name, not a path (it names the run's folders)")
+    for name, value in asdict(args).items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if name in FRACTIONS and not 0 < value <= 1:
+                fail(f"{flag(name)} {value} must be in (0, 1]")
+            if not (math.isfinite(value) and value >= 0 and (value > 0 or name not in POSITIVE)):
+                fail(f"{flag(name)} {value} must be {'positive' if name in POSITIVE else '0 or more'}")
+    if args.save_every and not args.save_dir:
+        fail(f"--save-every {args.save_every} needs --save-dir")
+    if args.track and not args.tensorboard:
+        fail("--track mirrors the TensorBoard scalars to wandb: drop --no-tensorboard")
+    return args, checkpoint
+
+
+def check_resumed(args, saved):
+    """Name the flags that differ from the checkpoint's; refuse those that change the algorithm unless told."""
+    run_options = {f.name for f in fields(RunOptions)}
+    changed = {k: (v, getattr(saved, k)) for k, v in asdict(args).items() if v != getattr(saved, k)}
+    changed = {k: v for k, v in changed.items() if k not in run_options or k in ("seed", "torch_deterministic")}
+    algorithm = [k for k in changed if k not in FREE_ON_RESUME]
+    listed = ", ".join(f"{flag(k)} {new} (saved: {old})" for k, (new, old) in changed.items())
+    if algorithm and not args.resume_anyway:
+        fail(f"--resume: {listed} differ from the checkpoint's; {', '.join(map(flag, algorithm))} change the "
+             "algorithm: pass the checkpoint's values, or --resume-anyway")  # fmt: skip
+    if changed:
+        print(f"resuming with {listed}", file=sys.stderr)
+
+
+def check_outputs(args, script):
+    """Before the run: every output writable, and no other run's checkpoint overwritten."""
+    speed_log_folder = args.speed_log and os.path.dirname(os.path.abspath(args.speed_log))
+    folders = {"--save-dir": args.save_dir, "--profile-dir": args.profile_dir, "--speed-log": speed_log_folder,
+               "runs": args.tensorboard and "runs", "videos": getattr(args, "capture_video", False) and "videos"}
+    for option, folder in folders.items():
+        if folder and option in ("--save-dir", "--profile-dir") and os.path.isfile(folder):
+            fail(f"{option} {folder} is a file: it names a folder")
+        try:
+            if folder:
+                os.makedirs(folder, exist_ok=True)
+                tempfile.TemporaryFile(dir=folder).close()
+                open(args.speed_log, "a").close() if option == "--speed-log" else None
+        except OSError as e:
+            fail(f"{option} {folder} cannot be written: {e.strerror or e}")
+    existing = args.save_dir and checkpoint_file(args.save_dir, script)
+    resumed = args.resume and checkpoint_file(args.resume, script)
+    if existing and os.path.exists(existing) and not (resumed and os.path.samefile(resumed, existing)):
+        fail(f"--save-dir {args.save_dir} holds another run's checkpoint: --resume it, or pass another --save-dir")

@@ -1,0 +1,31 @@
+"""Ctrl-C and SIGTERM: a run in its loop stops between units of work, with its checkpoint and speed record."""
+
+import signal
+import sys
+import time
+
+
+class StopSignals:
+    def __init__(self):
+        self.signal, self.in_loop, self.handler = None, False, self.on_signal
+        self.catch()
+
+    def catch(self):  # again as each unit begins: Triton's LLVM puts its own handlers in when it compiles
+        for signum in (signal.SIGINT, signal.SIGTERM):  # set, not inherited: a background job's SIGINT is ignored
+            signal.signal(signum, self.handler)
+
+    def ignore(self):  # nothing cuts the record short
+        self.handler = signal.SIG_IGN
+        self.catch()
+
+    def on_signal(self, signum, frame):
+        """In the loop: stop as the next unit begins, never inside a compilation or a graph capture. The same stop
+        can come twice at once (`timeout` signals its command, then the command's process group), its second
+        handling delayed by a blocking call: a second signal within 3 s is that one; a later one stops at once."""
+        first, now = self.signal is None, time.monotonic()
+        if not first and now - self.t_signal < 3.0:
+            return
+        self.signal, self.t_signal = signum, now
+        if first and self.in_loop:
+            return print("stopping at the end of this step (again: at once)", file=sys.stderr, flush=True)
+        raise KeyboardInterrupt

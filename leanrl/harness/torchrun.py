@@ -1,0 +1,101 @@
+"""Data-parallel runs under torchrun: one process a GPU (or CPU process over gloo), rank 0 writes every output."""
+
+import datetime
+import hashlib
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import asdict
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .errors import fail
+
+DIST_TIMEOUT_SECONDS = 900  # a rank that died or hangs ends the job; long enough for compilation and capture
+
+
+def world():
+    """(rank, world size) of this process: (0, 1) without torchrun."""
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+def leave_process_group():
+    time.sleep(0.1)  # a worker thread of the last collectives may still need the interpreter's lock to let go
+    dist.destroy_process_group()
+
+
+def fail_on_every_rank(message):
+    rank = dist.get_rank()
+    leave_process_group()
+    if rank == 0:
+        fail(message)
+    sys.exit(2)
+
+
+def digests_differ(digest):
+    """The ranks whose digest (a string) differs from rank 0's."""
+    digests = [None] * dist.get_world_size()
+    dist.all_gather_object(digests, digest)
+    return [rank for rank, other in enumerate(digests) if other != digests[0]]
+
+
+def setup_distributed(args):
+    """Under torchrun: this rank on cuda:LOCAL_RANK, the process group joined, every rank's arguments checked equal;
+    ranks other than 0 write nothing (no TensorBoard, wandb, speed log, profile, checkpoint or stdout)."""
+    if "WORLD_SIZE" not in os.environ:
+        return
+    cuda = torch.cuda.is_available() and args.cuda
+    if cuda:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=DIST_TIMEOUT_SECONDS))
+    if differ := digests_differ(hashlib.sha256(json.dumps(asdict(args), sort_keys=True).encode()).hexdigest()):
+        fail_on_every_rank(f"ranks {differ} were started with other arguments than rank 0: every rank needs the same")
+    if dist.get_rank():
+        args.tensorboard = args.track = False
+        args.speed_log = args.profile_dir = args.save_dir = None
+        args.save_every = 0
+        sys.stdout = open(os.devnull, "w")
+
+
+def agree(value, op, device):
+    """A number every rank gives, reduced over the ranks by op (dist.ReduceOp), as every rank's float."""
+    reduced = torch.tensor([float(value)], device=device)
+    dist.all_reduce(reduced, op=op)
+    return reduced.item()
+
+
+def join_ranks(run, network, args, global_step):
+    """After run.start: rank 0's parameters on every rank; after a resume, the other ranks' generators reseeded
+    apart; a signal only asks the ranks to stop together (torchrun passes Ctrl-C on to ranks that got it already)."""
+    for tensor in network.state_dict().values():
+        dist.broadcast(tensor, 0)
+    if global_step and dist.get_rank():  # every rank holds rank 0's generators: the others reseed from the step
+        for seed in (random.seed, np.random.seed, torch.manual_seed):
+            seed(args.seed + dist.get_rank() + global_step)
+    run.rank_signal, run.stops.signal = run.stops.signal, None
+    run.stops.handler = lambda signum, frame: setattr(run, "rank_signal", signum)
+    run.stops.catch()
+
+
+def agree_to_stop(run, device):
+    """At the end of each iteration: any rank's signal stops every rank as the next begins (rank 0 saves). Only
+    this agreement sets the run's signal: a rank that stopped on its own would leave the others in a collective."""
+    run.stops.signal = int(agree(run.rank_signal or 0, dist.ReduceOp.MAX, device)) or None
+    if run.stops.signal and dist.get_rank():
+        sys.stderr = open(os.devnull, "w")  # rank 0 tells where the run stopped
+
+
+def check_ranks_agree(network, global_step, rank_fps):
+    """The end: every rank holds rank 0's parameters bit for bit, else an error; rank 0 prints each rank's fps."""
+    data = b"".join(t.detach().cpu().numpy().tobytes() for t in network.state_dict().values())
+    if differ := digests_differ(hashlib.sha256(data).hexdigest()):
+        fail_on_every_rank(f"after {global_step} env steps, the parameters of ranks {differ} differ from rank 0's")
+    fps = [None] * dist.get_world_size()
+    dist.all_gather_object(fps, round(rank_fps, 1))
+    if dist.get_rank() == 0:
+        print(f"env steps per second of each rank over its whole loop: {fps}", file=sys.stderr, flush=True)
+    leave_process_group()
