@@ -58,26 +58,13 @@ PROFILE_STEPS = 500
 STATS = ("td_loss", "q_values")
 
 
-def check_args(args):
-    if args.num_envs != 1:
-        fail(f"--num-envs {args.num_envs}: DQN runs one env, as CleanRL's dqn.py does")
-    if args.buffer_size < args.batch_size:
-        fail(f"--buffer-size {args.buffer_size} must be >= --batch-size {args.batch_size}")
-    if args.learning_starts >= args.total_timesteps:
-        fail(f"--learning-starts {args.learning_starts} must be below --total-timesteps {args.total_timesteps}")
-    if not 0 < args.exploration_fraction <= 1:
-        fail(f"--exploration-fraction {args.exploration_fraction} must be in (0, 1]")
-    if max(args.start_e, args.end_e) > 1:
-        fail(f"--start-e {args.start_e} and --end-e {args.end_e} must be in [0, 1]")
-
-
 def make_env(env_id, seed, video_folder=None, episode_trigger=None):
     """video_folder: record videos there, of the episodes episode_trigger says (None: CleanRL's schedule)."""
 
     def thunk():
         try:
             env = gym.make(env_id, render_mode="rgb_array" if video_folder else None)
-        except gym.error.Error as e:
+        except (gym.error.Error, ImportError) as e:  # ImportError: ids whose envs moved out of gymnasium (-v2, -v3)
             fail(f"cannot make env {env_id!r}: {e}")
         if not isinstance(env.action_space, gym.spaces.Discrete):
             fail(f"{env_id} has a {type(env.action_space).__name__} action space; DQN needs a discrete one")
@@ -150,6 +137,19 @@ def make_update_fns(agent, args):
             target_param.data.copy_(args.tau * param.data + (1.0 - args.tau) * target_param.data)
 
     return update, update_target
+
+
+def check_args(args):
+    if args.num_envs != 1:
+        fail(f"--num-envs {args.num_envs}: DQN runs one env, as CleanRL's dqn.py does")
+    if args.buffer_size < args.batch_size:
+        fail(f"--buffer-size {args.buffer_size} must be >= --batch-size {args.batch_size}")
+    if args.learning_starts >= args.total_timesteps:
+        fail(f"--learning-starts {args.learning_starts} must be below --total-timesteps {args.total_timesteps}")
+    if not 0 < args.exploration_fraction <= 1:
+        fail(f"--exploration-fraction {args.exploration_fraction} must be in (0, 1]")
+    if max(args.start_e, args.end_e) > 1:
+        fail(f"--start-e {args.start_e} and --end-e {args.end_e} must be in [0, 1]")
 
 
 def train(args, run):

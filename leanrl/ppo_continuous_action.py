@@ -91,7 +91,7 @@ def make_envs(args, num_envs, video=None):
     try:
         thunks = [functools.partial(make_env, video if i == 0 else None) for i in range(num_envs)]
         return gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    except gym.error.Error as e:
+    except (gym.error.Error, ImportError) as e:  # ImportError: ids whose envs moved out of gymnasium (-v2, -v3)
         fail(f"--env-id {args.env_id}: {e}")
 
 

@@ -113,7 +113,7 @@ def make_envs(args, num_envs, video=None):
         thunks = [functools.partial(make_env, video if i == 0 else None) for i in range(num_envs)]
         # copy=False: step returns the env's own buffer; the loop copies it before the next step overwrites it
         return gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, copy=False)
-    except gym.error.Error as e:
+    except (gym.error.Error, ImportError) as e:  # ImportError: ids whose envs moved out of gymnasium (-v2, -v3)
         fail(f"--env-id {args.env_id}: {e}")
 
 

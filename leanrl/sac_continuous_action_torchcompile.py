@@ -66,16 +66,6 @@ AGENT_STATE = ("actor", "qnet_params", "qnet_target", "q_optimizer", "actor_opti
 STATS = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss", "qf_loss", "actor_loss", "alpha_loss")
 
 
-def check_args(args):
-    if args.total_timesteps % args.num_envs:
-        fail(f"--total-timesteps {args.total_timesteps} must be a multiple of --num-envs {args.num_envs}")
-    if args.buffer_size < max(args.batch_size, args.num_envs):
-        fail(f"--buffer-size {args.buffer_size} must be >= --batch-size {args.batch_size} and --num-envs "
-             f"{args.num_envs}")
-    if args.learning_starts >= args.total_timesteps:
-        fail(f"--learning-starts {args.learning_starts} must be below --total-timesteps {args.total_timesteps}")
-
-
 def make_envs(env_id, seed, num_envs, video_folder=None, episode_trigger=None):
     """num_envs envs in a vector env that resets in the step that ends an episode, so the true final observation
     comes in infos; env 0 records the video, as in CleanRL. One env steps as OneEnv."""
@@ -96,7 +86,7 @@ def make_envs(env_id, seed, num_envs, video_folder=None, episode_trigger=None):
             envs = OneEnv(make_env(0))
         else:
             envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    except gym.error.Error as e:
+    except (gym.error.Error, ImportError) as e:  # ImportError: ids whose envs moved out of gymnasium (-v2, -v3)
         fail(f"--env-id {env_id}: {e}")
     if not isinstance(envs.single_action_space, gym.spaces.Box):
         space = type(envs.single_action_space).__name__
@@ -356,6 +346,16 @@ def make_act(policy, args, n_obs, n_act, device):
         return action_host.numpy().copy()
 
     return act
+
+
+def check_args(args):
+    if args.total_timesteps % args.num_envs:
+        fail(f"--total-timesteps {args.total_timesteps} must be a multiple of --num-envs {args.num_envs}")
+    if args.buffer_size < max(args.batch_size, args.num_envs):
+        fail(f"--buffer-size {args.buffer_size} must be >= --batch-size {args.batch_size} and --num-envs "
+             f"{args.num_envs}")
+    if args.learning_starts >= args.total_timesteps:
+        fail(f"--learning-starts {args.learning_starts} must be below --total-timesteps {args.total_timesteps}")
 
 
 def train(args, run):

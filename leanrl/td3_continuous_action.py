@@ -56,16 +56,6 @@ AGENT_STATE = ("actor", "qf1", "qf2", "qf1_target", "qf2_target", "target_actor"
 STATS = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss", "qf_loss", "actor_loss")
 
 
-def check_args(args):
-    if args.total_timesteps % args.num_envs:
-        fail(f"--total-timesteps {args.total_timesteps} must be a multiple of --num-envs {args.num_envs}")
-    if args.buffer_size < max(args.batch_size, args.num_envs):
-        fail(f"--buffer-size {args.buffer_size} must be >= --batch-size {args.batch_size} and --num-envs "
-             f"{args.num_envs}")
-    if args.learning_starts >= args.total_timesteps:
-        fail(f"--learning-starts {args.learning_starts} must be below --total-timesteps {args.total_timesteps}")
-
-
 def make_envs(env_id, seed, num_envs, video_folder=None, episode_trigger=None):
     """num_envs envs in a vector env that resets in the step that ends an episode, so the true final observation
     comes in infos; env 0 records the video, as in CleanRL."""
@@ -83,7 +73,7 @@ def make_envs(env_id, seed, num_envs, video_folder=None, episode_trigger=None):
     try:
         thunks = [functools.partial(make_env, i) for i in range(num_envs)]
         envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    except gym.error.Error as e:
+    except (gym.error.Error, ImportError) as e:  # ImportError: ids whose envs moved out of gymnasium (-v2, -v3)
         fail(f"--env-id {env_id}: {e}")
     if not isinstance(envs.single_action_space, gym.spaces.Box):
         space = type(envs.single_action_space).__name__
@@ -211,6 +201,16 @@ def make_update_fns(agent, args):
         return {"actor_loss": actor_loss.detach()}
 
     return update_critic, update_actor_and_targets
+
+
+def check_args(args):
+    if args.total_timesteps % args.num_envs:
+        fail(f"--total-timesteps {args.total_timesteps} must be a multiple of --num-envs {args.num_envs}")
+    if args.buffer_size < max(args.batch_size, args.num_envs):
+        fail(f"--buffer-size {args.buffer_size} must be >= --batch-size {args.batch_size} and --num-envs "
+             f"{args.num_envs}")
+    if args.learning_starts >= args.total_timesteps:
+        fail(f"--learning-starts {args.learning_starts} must be below --total-timesteps {args.total_timesteps}")
 
 
 def train(args, run):

@@ -23,6 +23,8 @@ from helpers import (
     tensorboard_scalars,
 )
 
+import harness
+
 # A tiny run that passes learning starts, warm-up and a measured window (window from step 64 + WARMUP_STEPS).
 TINY_STEPS, TINY_LEARNING_STARTS = 320, 64
 TINY = ["--total-timesteps", str(TINY_STEPS), "--learning-starts", str(TINY_LEARNING_STARTS), "--batch-size", "16",
@@ -107,7 +109,7 @@ def check_logs_and_profile(algo, name, tmp_path, monkeypatch, capsys):
     follows an actor update (learning starts + policy frequency) to the end, every value finite and the critic's
     loss positive; --profile-dir writes a trace with every phase."""
     module = load_script(name)
-    monkeypatch.setattr(module, "PROGRESS_SECONDS", 0.0)
+    monkeypatch.setattr(harness.progress, "PROGRESS_SECONDS", 0.0)
     run_main(name, TINY + ["--profile-dir", str(tmp_path / "profile")], capsys)
     assert_trace_phases(tmp_path / "profile", name, env_steps_per_call=1)
     scalars = tensorboard_scalars(name)

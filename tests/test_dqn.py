@@ -25,6 +25,8 @@ from helpers import (
     tensorboard_scalars,
 )
 
+import harness
+
 pytestmark = pytest.mark.usefixtures("workdir")
 
 BASE, FAST = "dqn", "dqn_torchcompile"
@@ -61,7 +63,7 @@ def test_baseline_update_path(tmp_path, monkeypatch, capsys):
     TensorBoard gets both statistics at every step from the first update on, finite, the loss positive; the
     profile has every phase."""
     module = load_script(BASE)
-    monkeypatch.setattr(module, "PROGRESS_SECONDS", 0.0)
+    monkeypatch.setattr(harness.progress, "PROGRESS_SECONDS", 0.0)
     record = run_main(BASE, TINY + ["--profile-dir", str(tmp_path / "profile")], capsys)
     assert_steady(record, TINY_STEPS)
     assert record["compile"] is False and record["cudagraphs"] is False
@@ -93,8 +95,7 @@ def test_compiled_update_path(mode, capsys):
 def test_twin_logs_and_profiles(tmp_path, monkeypatch, capsys):
     """The twin's statistics reach TensorBoard from its fixed tensors as the baseline's do, and its profile has
     every phase."""
-    module = load_script(FAST)
-    monkeypatch.setattr(module, "PROGRESS_SECONDS", 0.0)
+    monkeypatch.setattr(harness.progress, "PROGRESS_SECONDS", 0.0)
     run_main(FAST, TINY + ["--profile-dir", str(tmp_path / "profile")], capsys)
     assert_trace_phases(tmp_path / "profile", FAST, env_steps_per_call=1)
     scalars = tensorboard_scalars(FAST, "CartPole-v1")

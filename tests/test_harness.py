@@ -127,18 +127,22 @@ def saved(capsys):
 @pytest.mark.parametrize(
     "argv, fragment",
     [
-        (["--resume", "missing.pt"], "missing.pt"),
-        (["--eval-checkpoint", "empty"], "empty/least_squares.pt"),
-        (["--resume", "truncated.pt"], "truncated.pt"),
-        (["--eval-checkpoint", "text.pt"], "text.pt"),
-        (["--resume", "plain.pt"], "plain.pt"),
-        (["--resume", "other_script.pt"], "other_script.pt"),
-        (["--save-dir", "run"], "--save-dir run"),
+        (["--resume", "missing.pt"], "missing.pt: no such checkpoint file"),
+        (["--eval-checkpoint", "empty"], "empty/least_squares.pt: no such checkpoint file"),
+        (["--resume", "truncated.pt"], "truncated.pt: not a readable checkpoint, truncated or corrupt"),
+        (["--eval-checkpoint", "text.pt"], "text.pt: not a readable checkpoint"),
+        (["--resume", "plain.pt"], "plain.pt: not a checkpoint of this version"),
+        (["--resume", "other_script.pt"], "other_script.pt: a checkpoint of sac_continuous_action, not of least_squares"),
+        (["--save-dir", "run"], "--save-dir run holds another run's checkpoint"),
         (["--save-dir", "run/least_squares.pt/inside"], "--save-dir"),
+        (["--save-dir", "run/least_squares.pt"], "--save-dir run/least_squares.pt is a file: it names a folder"),
+        (["--resume", "run", "--learning-rate", "0.5"], "--learning-rate 0.5 (saved: 0.01) differ"),
+        (["--resume", "run", "--env-id", "Other"], "--env-id change the algorithm"),
+        (["--exp-name", "a/b"], "--exp-name a/b: a name, not a path"),
     ],
 )
 def test_bad_checkpoints_and_folders(saved, argv, fragment, capsys):
-    """One error line each, and the checkpoint already there untouched."""
+    """One error line each, saying what is wrong, and the checkpoint already there untouched."""
     data = Path("run/least_squares.pt").read_bytes()
     Path("truncated.pt").write_bytes(data[:1000])
     Path("text.pt").write_text("not a checkpoint\n")
@@ -156,6 +160,42 @@ def test_unwritable_output_fails_at_start(option, below, capsys):
     proc = run_bad_input(NAME, [option, f"plain-file/{below}"], capsys)
     assert_one_line_error(proc, option, "cannot be written")
     assert Path("plain-file").read_text() == "not a folder\n"
+
+
+def test_resume_names_the_flags_that_differ(saved, capsys):
+    """A resumed run with other flags than its checkpoint's names them; one that changes the algorithm goes on only
+    with --resume-anyway."""
+    argv = ["--resume", "run", "--total-timesteps", "800", "--learning-rate", "0.02", "--resume-anyway"]
+    record, err = run_main_stderr(NAME, argv + ["--no-tensorboard"], capsys)
+    assert "resuming with --total-timesteps 800 (saved: 400), --learning-rate 0.02 (saved: 0.01)" in err
+    assert record["resumed_from"] == 400 and checkpoint_of("run")["args"]["learning_rate"] == 0.02
+
+
+def test_a_diverged_run_ends_with_one_line_and_its_record(capsys, monkeypatch):
+    """A loss that becomes NaN or infinite ends the run: one error line with the env step, the record (diverged), and
+    exit code 1 from the script."""
+    monkeypatch.setattr(harness.progress, "PROGRESS_SECONDS", 0.0)  # the loop logs its loss every step
+    record, err = run_main_stderr(NAME, ["--learning-rate", "1e30", "--no-tensorboard"], capsys)
+    assert record["diverged"] is True and record["total_timesteps"] < 2000
+    (line,) = [line for line in err.splitlines() if line.startswith("error:")]
+    assert re.fullmatch(r"error: the run diverged: losses/loss became (nan|inf) at env step \d+", line), line
+    assert harness.exit_code(record) == 1 and harness.exit_code({**record, "diverged": False}) == 0
+
+
+def test_the_record_on_a_terminal_is_its_headline(capsys, monkeypatch):
+    """On a terminal the last stdout line is the record's headline; --speed-log gets the whole record."""
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    record = load_script(NAME).main(["--speed-log", "speed.jsonl", "--no-tensorboard"])
+    headline = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert headline == {key: record[key] for key in harness.speed.HEADLINE} and len(headline) < len(record)
+    assert json.loads(Path("speed.jsonl").read_text()) == record
+
+
+def test_the_return_curve_gains_a_point_at_least_every_minute(capsys, monkeypatch):
+    """Besides one point every 1/50 of the run, a point once CURVE_SECONDS pass without one: here every step."""
+    monkeypatch.setattr(harness.progress, "CURVE_SECONDS", 0.0)
+    record = run_main(NAME, ["--total-timesteps", "2000", "--no-tensorboard"], capsys)
+    assert len(record["return_curve"]) > 50
 
 
 def test_failed_write_keeps_the_last_checkpoint(capsys, monkeypatch):

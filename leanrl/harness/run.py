@@ -62,6 +62,7 @@ class Run:
         if not args.eval_checkpoint:
             check_outputs(args, self.script)
         headless_video(args)
+        quiet_mujoco(args.env_id)
         self.video_folder = os.path.join("videos", self.run_name) if getattr(args, "capture_video", False) else None
         self.phase = record_function if args.profile_dir else lambda name: nullcontext()
         self.steps, self.window, self.profiler, self.progress, self.scalars = 0, None, None, None, None
@@ -204,6 +205,14 @@ class Run:
 def exit_code(record):
     """The process's exit code: 130 after Ctrl-C or SIGTERM, 1 for a diverged run, else 0."""
     return 130 if record.get("interrupted") else 1 if record.get("diverged") else 0
+
+
+def quiet_mujoco(env_id):
+    """MuJoCo's note, as each v4 env is made, that its model uses a deprecated attribute: not the user's concern."""
+    if "mujoco" in str(getattr(gymnasium.envs.registry.get(env_id), "entry_point", "")):
+        import mujoco
+
+        mujoco.set_mju_user_warning(lambda text: "settotalmass" in text or print(f"MuJoCo: {text}", file=sys.stderr))
 
 
 def headless_video(args):
