@@ -158,6 +158,25 @@ def check_amp_update(algo, **kwargs):
     assert all(not torch.equal(bf16[name], fp32[name]) for name in ("qf_loss", "actor_loss"))
 
 
+def check_buffer_per_env_storage(name):
+    """Each step writes one slot of every env, circularly (buffer_size // num_envs slots); a sample draws the same
+    number of rows of each env, all of them stored ones; a resumed buffer holds the saved rows."""
+    rb = load_script(name).ReplayBuffer(12, 4, 2, 1, CPU)  # 3 slots of 4 envs
+    for t in range(5):
+        obs = torch.arange(4.0)[:, None] * 100 + t + torch.zeros(4, 2)  # env * 100 + step
+        rb.add(obs, torch.full((4, 1), t), torch.full((4,), float(t)), obs + 0.5, torch.zeros(4))
+    assert int(rb.size) == 3 and int(rb.ptr) == 2
+    torch.manual_seed(0)
+    obs, _, rewards, next_obs, dones = rb.sample(400)
+    envs, steps = (obs[:, 0] // 100).long(), obs[:, 0] % 100
+    assert torch.equal(envs.view(100, 4), torch.arange(4).expand(100, 4))  # 100 rows of each env
+    assert set(steps.tolist()) == {2.0, 3.0, 4.0}  # the last three steps, the first two overwritten
+    assert torch.equal(rewards, steps) and torch.equal(next_obs, obs + 0.5) and rewards.shape == dones.shape == (400,)
+    copy = load_script(name).ReplayBuffer(12, 4, 2, 1, CPU)
+    copy.load_state_dict(rb.state_dict())
+    assert torch.equal(copy.storage, rb.storage) and int(copy.ptr) == 2 and int(copy.size) == 3
+
+
 def check_baseline_runs(algo, amp, capsys):
     """The baseline through learning starts, warm-up and its fps window (with --amp: bf16 autocast)."""
     record = run_main(algo.base, TINY + amp, capsys)

@@ -1,7 +1,9 @@
 """The harness (leanrl/harness/), tested once through tests/least_squares.py, a toy script around it: the speed
 record, resume in place, checkpoints written atomically where the run was resumed from, Ctrl-C and SIGTERM, kill -9,
 bad input, outputs checked at start."""
+import ast
 import copy
+import dataclasses
 import hashlib
 import json
 import re
@@ -332,3 +334,13 @@ def test_one_stop_delivered_twice_is_one_stop(monkeypatch, capsys):
     assert stops.signal == signal.SIGINT and "stopping at the end of this step" in capsys.readouterr().err
     with pytest.raises(KeyboardInterrupt):
         stops.on_signal(signal.SIGINT, None)
+
+
+def test_run_options_are_documented():
+    """Every run option has its docstring, which tyro prints in each script's --help."""
+    source = (Path(harness.__file__).parent / "options.py").read_text()
+    options = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "RunOptions")
+    body = options.body
+    fields = [(node.target.id, after) for node, after in zip(body, body[1:] + [None]) if isinstance(node, ast.AnnAssign)]
+    assert len(fields) == len(dataclasses.fields(harness.RunOptions))
+    assert all(isinstance(after, ast.Expr) and isinstance(after.value.value, str) for _, after in fields), fields

@@ -2,9 +2,9 @@
 CPU device: the twin's update (vmapped critics, fused target update, the entropy coefficient on the device) against
 the baseline's from the same parameters and batches, eager, compiled and with --amp; the squashed Gaussian policy;
 both scripts through their update (the twin in its modes; --cudagraphs falls back to no graphs on the CPU) and their
-logged statistics; a learning check that a broken update fails; bad input. The envs are test_gpu_mujoco.py's and the
-replay buffer test_td3_gpu_mujoco.py's (the same classes, kept so by the stamp tool). The checks that the TD3 pair
-shares are off_policy_gpu.py's; what is SAC's is here, with the pair's Algo.
+logged statistics; the per-env replay buffer; a learning check that a broken update fails; bad input. The envs
+(leanrl/mujoco_warp_envs.py) are test_mujoco_warp_envs.py's. The checks that the TD3 pair shares are
+off_policy_gpu.py's; what is SAC's is here, with the pair's Algo.
 
 Warp's kernels load from ~/.cache/warp (a first build takes a minute or two on the 2-core CPU)."""
 
@@ -16,6 +16,8 @@ import pytest
 import torch
 from helpers import load_script, run_main, tensorboard_scalars
 from off_policy_gpu import HIGH, LOW, N_OBS, TINY
+
+import harness
 
 NAME = "sac_gpu_mujoco"
 FAST = f"{NAME}_torchcompile"
@@ -95,6 +97,11 @@ def test_policy_is_the_squashed_gaussian():
         torch.testing.assert_close(deterministic, torch.tanh(mean) * scale + bias)
 
 
+@pytest.mark.parametrize("name", [NAME, FAST])
+def test_buffer_per_env_storage(name):
+    opg.check_buffer_per_env_storage(name)
+
+
 @pytest.mark.parametrize("amp", opg.BASELINE_RUNS)
 def test_baseline_runs(amp, capsys):
     """The baseline through its fps window, in fp32 and with --amp."""
@@ -114,7 +121,7 @@ def test_logs_the_statistics(name, fixed_alpha, monkeypatch, capsys):
     steps, at 48) to the end, all finite; with --autotune alpha moves from --alpha, without it alpha stays there and
     its loss is 0."""
     module = load_script(name)
-    monkeypatch.setattr(module, "PROGRESS_SECONDS", 0.0)
+    monkeypatch.setattr(harness.progress, "PROGRESS_SECONDS", 0.0)
     run_main(name, [arg for arg in TINY if arg != "--no-tensorboard"] + ["--no-autotune"] * fixed_alpha, capsys)
     scalars = tensorboard_scalars(name, "Hopper-v5")
     for stat in (*module.STATS, "alpha"):

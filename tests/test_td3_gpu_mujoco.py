@@ -12,7 +12,7 @@ import off_policy_gpu as opg
 import pytest
 import torch
 from helpers import load_script
-from off_policy_gpu import CPU, HIGH, LOW, N_OBS
+from off_policy_gpu import HIGH, LOW, N_OBS
 
 NAME = "td3_gpu_mujoco"
 FAST = f"{NAME}_torchcompile"
@@ -121,22 +121,7 @@ def test_policy_explores_per_env_within_bounds():
 
 @pytest.mark.parametrize("name", [NAME, FAST])
 def test_buffer_per_env_storage(name):
-    """Each step writes one slot of every env, circularly (buffer_size // num_envs slots); a sample draws the same
-    number of rows of each env, all of them stored ones; a resumed buffer holds the saved rows."""
-    rb = load_script(name).ReplayBuffer(12, 4, 2, 1, CPU)  # 3 slots of 4 envs
-    for t in range(5):
-        obs = torch.arange(4.0)[:, None] * 100 + t + torch.zeros(4, 2)  # env * 100 + step
-        rb.add(obs, torch.full((4, 1), t), torch.full((4,), float(t)), obs + 0.5, torch.zeros(4))
-    assert int(rb.size) == 3 and int(rb.ptr) == 2
-    torch.manual_seed(0)
-    obs, _, rewards, next_obs, dones = rb.sample(400)
-    envs, steps = (obs[:, 0] // 100).long(), obs[:, 0] % 100
-    assert torch.equal(envs.view(100, 4), torch.arange(4).expand(100, 4))  # 100 rows of each env
-    assert set(steps.tolist()) == {2.0, 3.0, 4.0}  # the last three steps, the first two overwritten
-    assert torch.equal(rewards, steps) and torch.equal(next_obs, obs + 0.5) and rewards.shape == dones.shape == (400,)
-    copy = load_script(name).ReplayBuffer(12, 4, 2, 1, CPU)
-    copy.load_state_dict(rb.state_dict())
-    assert torch.equal(copy.storage, rb.storage) and int(copy.ptr) == 2 and int(copy.size) == 3
+    opg.check_buffer_per_env_storage(name)
 
 
 @pytest.mark.parametrize("amp", opg.BASELINE_RUNS)

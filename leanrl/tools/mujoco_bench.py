@@ -5,10 +5,10 @@ device, alone and inside the rollout of the training script (docs/gpu_mujoco.md,
     gymnasium  gymnasium's env of --env-id, one process per env (one env: in this process); at most one env per CPU
                core. Physics, reward, observation; no policy
     envpool    envpool's v4 of that env (it has no v5; HalfCheetah's model file is v5's), its threads on every core
-    warp       MuJoCo Warp's physics alone: the Envs of ppo_continuous_action_gpu_mujoco_torchcompile.py, K calls of
-               its simulate() (on CUDA: one Warp graph of the frame-skip MuJoCo steps, launched on torch's stream)
-               with controls drawn once; no reward, observation, reset or policy
-    rollout    that script's collect(): K steps of the policy (sampling), Warp's physics, reward, resets,
+    warp       MuJoCo Warp's physics alone: the Envs of leanrl/mujoco_warp_envs.py, K calls of its simulate() (on
+               CUDA: one Warp graph of the frame-skip MuJoCo steps, launched on torch's stream) with controls drawn
+               once; no reward, observation, reset or policy
+    rollout    ppo_continuous_action_gpu_mujoco_torchcompile.py's collect(): K steps of the policy (sampling), Warp's physics, reward, resets,
                normalisation and storage, as its train() builds them, in each of --modes: eager, compile,
                cudagraphs (one CUDA graph per call; CUDA only), compile+cudagraphs (the script's fastest)
 
@@ -44,8 +44,8 @@ import argparse
 import datetime
 import functools
 import gc
+import importlib
 import importlib.metadata
-import importlib.util
 import json
 import logging
 import os
@@ -61,8 +61,11 @@ BACKENDS = ("gymnasium", "envpool", "warp", "rollout")
 # The rollout's modes: (--compile, --cudagraphs) of the script.
 MODES = {"eager": (False, False), "compile": (True, False), "cudagraphs": (False, True),
          "compile+cudagraphs": (True, True)}  # fmt: skip
-SCRIPT_NAME = "ppo_continuous_action_gpu_mujoco_torchcompile"
-SCRIPT_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), f"{SCRIPT_NAME}.py")
+# The rollout's script and the MuJoCo Warp envs, imported from leanrl/ as the script imports the envs and harness.
+SCRIPT_NAME, ENVS_MODULE = "ppo_continuous_action_gpu_mujoco_torchcompile", "mujoco_warp_envs"
+LEANRL = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if LEANRL not in sys.path:
+    sys.path.insert(0, LEANRL)
 DEFAULT_ENV_ID = "HalfCheetah-v5"
 DEFAULT_ENVS = {"cuda": [2**i for i in range(6, 17)], "cpu": [1, 4, 16]}
 WARMUP_CALLS = 2
@@ -97,15 +100,12 @@ def positive(option):
 
 
 @functools.cache
-def load_script():
-    """(the training script as a module, its main() not run; or None, and why it does not load)."""
+def load(name):
+    """(leanrl/<name>.py as a module, a script's main() not run; or None, and why it does not load)."""
     try:
-        spec = importlib.util.spec_from_file_location(SCRIPT_NAME, SCRIPT_PATH)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        return importlib.import_module(name), None
     except Exception as e:  # warp and mujoco_warp fail to import in more ways than ImportError
-        return None, f"{SCRIPT_NAME}.py does not load: {type(e).__name__}: {e}".splitlines()[0]
-    return module, None
+        return None, f"{name}.py does not load: {type(e).__name__}: {e}".splitlines()[0]
 
 
 def envpool_id(env_id):
@@ -126,7 +126,7 @@ def unavailable(backend, n, device, env_id=DEFAULT_ENV_ID, mode=None):
     if backend in ("warp", "rollout"):
         if MODES.get(mode, (False, False))[1] and device.type != "cuda":
             return "CUDA graphs need CUDA"
-        return load_script()[1]
+        return load(ENVS_MODULE if backend == "warp" else SCRIPT_NAME)[1]
     return None
 
 
@@ -156,10 +156,9 @@ def cpu_simulator(backend, n, env_id, seed):
 
 
 def warp_physics(n, env_id, device, seed):
-    """(call(k): k env steps of Warp's physics alone, the script's Envs.simulate, under fixed random controls)."""
-    script = load_script()[0]
+    """(call(k): k env steps of Warp's physics alone, Envs.simulate, under fixed random controls)."""
     torch.manual_seed(seed)
-    envs = script.Envs(env_id, n, script.Args.gamma, device)
+    envs = load(ENVS_MODULE)[0].Envs(env_id, n, 0.99, device)  # gamma: the reward's normalisation, not measured
     envs.ctrl.copy_(envs.low + (envs.high - envs.low) * torch.rand(envs.ctrl.shape, device=device))
 
     def call(k):
@@ -171,13 +170,13 @@ def warp_physics(n, env_id, device, seed):
 
 def rollout_collect(n, k, env_id, mode, device, seed):
     """(call(k): the script's collect() of k steps as its train() builds it in the mode, the warm-up calls it needs)."""
-    script = load_script()[0]
+    script = load(SCRIPT_NAME)[0]
     compile, cudagraphs = MODES[mode]
     # Each N compiles afresh, as the script would: dynamo would otherwise recompile the policy for a dynamic N.
     torch._dynamo.reset()
     torch.manual_seed(seed)
     args = script.Args(env_id=env_id, num_envs=n, num_steps=k, compile=compile, cudagraphs=cudagraphs, seed=seed)
-    envs = script.Envs(env_id, n, args.gamma, device)
+    envs = script.CapturableEnvs(env_id, n, args.gamma, device)
     n_obs, n_act = envs.obs.shape[1], envs.n_act
     agent = script.Agent(args, n_obs, n_act, device)
     _, _, policy, _ = script.make_update_fns(agent, args)
@@ -214,7 +213,7 @@ def run_one(backend, mode, n, device, args, environment):
         call, close, variant = cpu_simulator(backend, n, args.env_id, args.seed)
         runs_on = "cpu"
     elif backend == "warp":
-        call, variant = warp_physics(n, args.env_id, device, args.seed), f"{SCRIPT_NAME}.Envs.simulate"
+        call, variant = warp_physics(n, args.env_id, device, args.seed), f"{ENVS_MODULE}.Envs.simulate"
     else:
         call, warmup_calls = rollout_collect(n, args.steps, args.env_id, mode, device, args.seed)
         flags = [flag for flag, on in zip(("--compile", "--cudagraphs"), MODES[mode]) if on]
@@ -350,7 +349,7 @@ def parse_args(argv):
     parser.add_argument("--min-seconds", type=float, default=0.0, help="timed calls repeat until this long")
     parser.add_argument("--backends", nargs="+", default=list(BACKENDS), help=f"any of {', '.join(BACKENDS)}")
     parser.add_argument("--modes", nargs="+", default=list(MODES), help=f"the rollout's: any of {', '.join(MODES)}")
-    parser.add_argument("--env-id", default=DEFAULT_ENV_ID, help="one of the script's envs")
+    parser.add_argument("--env-id", default=DEFAULT_ENV_ID, help="one of the MuJoCo Warp envs")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="Warp's and the rollout's (gymnasium and envpool run on the CPU)")  # fmt: skip
     parser.add_argument("--torch-threads", type=int, default=1,
@@ -388,11 +387,11 @@ def parse_args(argv):
         except OSError as e:
             fail(f"{option} {folder} cannot be written: {e.strerror or e}")
     if not args.from_records:
-        # The script's envs, where it loads (it needs warp); else gymnasium's MuJoCo envs, for its simulators.
-        script = load_script()[0]
-        if script is not None and args.env_id not in script.ENVS:
-            fail(f"--env-id {args.env_id!r} is not one of the script's environments: {', '.join(script.ENVS)}")
-        if script is None:
+        # The MuJoCo Warp envs, where they load (they need warp); else gymnasium's MuJoCo envs, for its simulators.
+        envs = load(ENVS_MODULE)[0]
+        if envs is not None and args.env_id not in envs.ENVS:
+            fail(f"--env-id {args.env_id!r} is not one of the MuJoCo Warp envs: {', '.join(envs.ENVS)}")
+        if envs is None:
             import gymnasium as gym
 
             if args.env_id not in gym.envs.registry:
@@ -418,9 +417,9 @@ def environment_of(device):
 
 
 def quiet():
-    """What the script's harness sets before its train(): the notes that are not the user's concern silenced."""
-    script = load_script()[0]
-    for message in script.QUIET_WARNINGS if script else ():
+    """What the harness sets before a script's train(): the notes that are not the user's concern silenced."""
+    run = load("harness.run")[0]
+    for message in run.QUIET_WARNINGS if run else ():
         warnings.filterwarnings("ignore", message)
     logging.getLogger("tensordict").setLevel(logging.WARNING)  # its INFO lines on each graph capture
     logging.getLogger("torch._dynamo.variables.ctx_manager").setLevel(logging.ERROR)

@@ -1,0 +1,276 @@
+"""gymnasium's MuJoCo locomotion envs (v5: HalfCheetah, Hopper, Walker2d, Ant) as N batched MuJoCo Warp worlds on the
+device that torch uses, with gymnasium's time limit, same-step auto-reset and CleanRL's wrappers (docs/gpu_mujoco.md).
+The scripts on MuJoCo Warp import it as they import gymnasium:
+
+    envs = Envs(env_id, num_envs, gamma, device)  # the twins: CapturableEnvs, whose physics joins torch's CUDA graphs
+    next_obs, reward, done, final_obs, bootstrapped = envs.step(action)  # normalised, as PPO trains on them
+    next_obs, final_obs, reward, terminated, truncated = envs.step_raw(action)  # raw; envs.obs_rms to normalise
+"""
+
+import math
+import os
+import sys
+import tempfile
+from contextlib import contextmanager
+
+import gymnasium as gym
+import mujoco
+import mujoco_warp as mjw
+import torch
+import warp as wp
+
+from harness import fail
+
+# gymnasium's TimeLimit of its MuJoCo envs, and the clip of normalised observations and rewards (CleanRL's wrappers).
+MAX_EPISODE_STEPS, NORMALIZED_CLIP = 1000, 10.0
+# What Warp's C library prints as it starts on a machine without CUDA: on every run on a CPU, and no help there.
+NO_CUDA_DRIVER = "Warp CUDA warning: Could not find or load the NVIDIA CUDA driver"
+
+
+class HalfCheetah:
+    """gymnasium's HalfCheetah-v5 with its defaults (as each class below, from gymnasium's v5 sources): reward the x
+    velocity - 0.1 * sum(a^2), no termination, observation qpos[1:] and qvel, reset noise U(-0.1, 0.1) on positions
+    and 0.1 * N(0, 1) on velocities."""
+
+    xml, frame_skip, noise, normal_qvel, ctrl_cost = "half_cheetah.xml", 5, 0.1, True, 0.1
+    healthy_reward, skipped_qpos, qvel_clip, contact_forces = 0.0, 1, math.inf, False
+
+    @staticmethod
+    def healthy(qpos, qvel):
+        return torch.ones_like(qpos[:, 0], dtype=torch.bool)
+
+
+class Hopper(HalfCheetah):
+    """Hopper-v5: + 1 while healthy, which it must stay; velocities clipped to 10 in the observation."""
+
+    xml, frame_skip, noise, normal_qvel, ctrl_cost = "hopper.xml", 4, 5e-3, False, 1e-3
+    healthy_reward, qvel_clip = 1.0, 10.0
+
+    @staticmethod
+    def healthy(qpos, qvel):
+        state, z, angle = torch.cat((qpos[:, 2:], qvel), 1), qpos[:, 1], qpos[:, 2]
+        return (state.abs() < 100).all(1) & (z > 0.7) & (angle > -0.2) & (angle < 0.2)
+
+
+class Walker2d(Hopper):
+    """Walker2d-v5: Hopper's reward, healthy while 0.8 < z < 2 and the torso's angle is within (-1, 1)."""
+
+    xml = "walker2d_v5.xml"
+
+    @staticmethod
+    def healthy(qpos, qvel):
+        z, angle = qpos[:, 1], qpos[:, 2]
+        return (z > 0.8) & (z < 2.0) & (angle > -1.0) & (angle < 1.0)
+
+
+class Ant(HalfCheetah):
+    """Ant-v5: its torso's x velocity + 1 while healthy - 0.5 * sum(a^2) - 5e-4 * the sum of the squared external
+    contact forces (cfrc_ext) clipped to [-1, 1], which the observation holds too (105 values)."""
+
+    xml, ctrl_cost, contact_cost, healthy_reward, skipped_qpos, contact_forces = "ant.xml", 0.5, 5e-4, 1, 2, True
+
+    @staticmethod
+    def healthy(qpos, qvel):
+        finite = torch.isfinite(qpos).all(1) & torch.isfinite(qvel).all(1)
+        return finite & (qpos[:, 2] >= 0.2) & (qpos[:, 2] <= 1.0)
+
+
+ENVS = {"HalfCheetah-v5": HalfCheetah, "Hopper-v5": Hopper, "Walker2d-v5": Walker2d, "Ant-v5": Ant}
+
+
+class RunningMeanStd:
+    """gymnasium's RunningMeanStd (of its normalisation wrappers) on the device in float64, updated in place."""
+
+    def __init__(self, shape, device):
+        self.mean = torch.zeros(shape, dtype=torch.float64, device=device)
+        self.var = torch.ones(shape, dtype=torch.float64, device=device)
+        self.count = torch.full((), 1e-4, dtype=torch.float64, device=device)
+
+    def update(self, x):
+        x, n = x.double(), x.shape[0]
+        delta, total = x.mean(0) - self.mean, self.count + n
+        self.var.copy_((self.var * self.count + x.var(0, correction=0) * n + delta**2 * self.count * n / total) / total)
+        self.mean.add_(delta * n / total)
+        self.count.copy_(total)
+
+    def normalize(self, x, center=True):
+        return ((x - self.mean * center) / torch.sqrt(self.var + 1e-8)).clamp(-NORMALIZED_CLIP, NORMALIZED_CLIP).float()
+
+
+def saved_obs_rms(envs_state, device):
+    """The observation statistics of a checkpoint's envs (Envs.state), for an evaluation that keeps them frozen."""
+    obs_rms = RunningMeanStd(envs_state["obs_mean"].shape, device)
+    for key in ("mean", "var", "count"):
+        getattr(obs_rms, key).copy_(envs_state[f"obs_{key}"])
+    return obs_rms
+
+
+@contextmanager
+def stderr_without(prefix):
+    """What is written to stderr's file descriptor meanwhile (C libraries' output too), less the lines that start with
+    prefix."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as written:
+        os.dup2(written.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            written.seek(0)
+            lines = written.read().decode(errors="replace").splitlines(keepends=True)
+            sys.stderr.write("".join(line for line in lines if not line.startswith(prefix)))
+            sys.stderr.flush()
+
+
+def start_warp(device):
+    """Warp on torch's device, without a line per kernel module it loads or its warning that CUDA is missing."""
+    wp.config.log_level = wp.LOG_WARNING
+    with stderr_without(NO_CUDA_DRIVER):
+        wp.init()
+    wp.set_device(str(device))  # "cuda": the current CUDA device, as torch's
+
+
+class Envs:
+    """num_envs copies of one of ENVS as MuJoCo Warp worlds on torch's device, whose arrays torch reads and writes in
+    place (wp.to_torch: no copy), with gymnasium's time limit and same-step auto-reset, and CleanRL's wrappers as
+    gymnasium's vector ones: actions clipped; observations and rewards normalised with statistics of all envs, then
+    clipped. The envs' returns and lengths are summed on the device until ended_episodes() reads them. `state`: the
+    tensors the envs go on from, for checkpoints."""
+
+    def __init__(self, env_id, num_envs, gamma, device):
+        self.task, self.num_envs, self.gamma = ENVS[env_id], num_envs, gamma
+        assets = os.path.join(os.path.dirname(gym.__file__), "envs", "mujoco", "assets")
+        mjm = mujoco.MjModel.from_xml_path(os.path.join(assets, self.task.xml))  # gymnasium's own model file
+        self.dt, self.n_act, self.graph = mjm.opt.timestep * self.task.frame_skip, mjm.nu, None
+        start_warp(device)
+        try:
+            self.model, self.data = mjw.put_model(mjm), mjw.make_data(mjm, nworld=num_envs)
+        except (ValueError, RuntimeError) as e:  # too many worlds for an array, or for the memory
+            fail(f"--num-envs {num_envs}: MuJoCo Warp cannot make that many worlds here: {str(e).splitlines()[0]}")
+        views = [wp.to_torch(getattr(self.data, name)) for name in ("qpos", "qvel", "qacc_warmstart", "ctrl", "xpos")]
+        self.qpos, self.qvel, self.warmstart, self.ctrl, self.xpos = views
+        self.cfrc_ext, self.qpos0 = wp.to_torch(self.data.cfrc_ext), torch.as_tensor(mjm.qpos0, device=device).float()
+        self.low, self.high = torch.as_tensor(mjm.actuator_ctrlrange, device=device).float().unbind(1)
+        # The kernels load here (built on first use: about a minute on a GPU, more on a CPU; then cached).
+        if device.type == "cuda":  # the MuJoCo steps of an env step as one Warp graph
+            with wp.ScopedCapture() as capture:
+                self.mujoco_steps()
+            self.graph = capture.graph
+        else:
+            self.mujoco_steps()
+        wp.synchronize_device()
+        zeros = lambda *shape, dtype=torch.float32: torch.zeros(shape, dtype=dtype, device=device)  # noqa: E731
+        self.x_before, self.episode_return, self.ended = zeros(num_envs), zeros(num_envs), zeros(3, num_envs)
+        self.elapsed, self.discounted_return = zeros(num_envs, dtype=torch.int32), zeros(num_envs, dtype=torch.float64)
+        everyone = torch.ones(num_envs, dtype=torch.bool, device=device)
+        self.reset(everyone)
+        raw_obs = self.observe(fresh=everyone)
+        self.obs_rms, self.return_rms = RunningMeanStd(raw_obs.shape[1:], device), RunningMeanStd((), device)
+        self.obs_rms.update(raw_obs)
+        self.obs, self.done = self.obs_rms.normalize(raw_obs), zeros(num_envs)
+        names = "qpos", "qvel", "warmstart", "x_before", "elapsed", "episode_return", "discounted_return", "obs", "done"
+        self.state = {name: getattr(self, name) for name in names}
+        for name, rms in (("obs", self.obs_rms), ("return", self.return_rms)):
+            self.state.update({f"{name}_{key}": value for key, value in vars(rms).items()})
+
+    def mujoco_steps(self):
+        """gymnasium's do_simulation: frame_skip MuJoCo steps, and Ant's contact forces (mj_rnePostConstraint)."""
+        for _ in range(self.task.frame_skip):
+            mjw.step(self.model, self.data)
+        if self.task.contact_forces:
+            mjw.rne_postconstraint(self.model, self.data)
+
+    def simulate(self):
+        """mujoco_steps; on CUDA, their Warp graph launched on torch's current stream."""
+        if self.graph is None:
+            return self.mujoco_steps()
+        wp.capture_launch(self.graph, stream=wp.stream_from_torch(torch.cuda.current_stream()))
+
+    def observe(self, fresh=None):
+        """gymnasium's _get_obs; no contact forces where an episode has just reset, `fresh` (mj_resetData zeroes them
+        and mj_forward leaves them)."""
+        task = self.task
+        parts = [self.qpos[:, task.skipped_qpos :], self.qvel.clamp(-task.qvel_clip, task.qvel_clip)]
+        if task.contact_forces:
+            forces = self.cfrc_ext[:, 1:].clamp(-1, 1).flatten(1)
+            parts.append(forces if fresh is None else torch.where(fresh[:, None], 0.0, forces))
+        return torch.cat(parts, 1)
+
+    def reset(self, mask):
+        """gymnasium's reset of the envs in mask: qpos0 and zero velocities plus the noise, the solver's warm start
+        cleared (mj_resetData). Noise is drawn for every env: the same random stream whichever reset."""
+        task = self.task
+        qpos = self.qpos0 + (torch.rand_like(self.qpos) * 2 - 1) * task.noise
+        qvel = torch.randn_like(self.qvel) if task.normal_qvel else torch.rand_like(self.qvel) * 2 - 1
+        self.qpos.copy_(torch.where(mask[:, None], qpos, self.qpos))
+        self.qvel.copy_(torch.where(mask[:, None], qvel * task.noise, self.qvel))
+        self.warmstart.masked_fill_(mask[:, None], 0.0)
+        self.x_before.copy_(torch.where(mask, self.qpos[:, 0], self.x_before))  # Ant's torso: at its free joint's qpos
+
+    def step_raw(self, action):
+        """gymnasium's vector env of these envs with ClipAction, the time limit and RecordEpisodeStatistics: (next
+        observation, final observation, reward, terminated, truncated); the next observation is the first of a new
+        episode where the step ended one, the final the one it ended in."""
+        task, action = self.task, torch.clamp(action, self.low, self.high)
+        self.ctrl.copy_(action)
+        self.simulate()
+        # The x the reward differentiates: qpos[0]; Ant's, its torso's xpos (as of the last MuJoCo step's start).
+        x_after = self.xpos[:, 1, 0] if task.contact_forces else self.qpos[:, 0]
+        healthy = task.healthy(self.qpos, self.qvel)
+        reward = (x_after - self.x_before) / self.dt + task.healthy_reward * healthy
+        reward -= task.ctrl_cost * action.square().sum(1)
+        if task.contact_forces:
+            reward -= task.contact_cost * self.cfrc_ext.clamp(-1, 1).square().sum((1, 2))
+        self.elapsed += 1
+        terminated, truncated = ~healthy, self.elapsed >= MAX_EPISODE_STEPS
+        done, final_obs = terminated | truncated, self.observe()
+        self.x_before.copy_(x_after)
+        self.reset(done)
+        self.episode_return += reward
+        self.ended += torch.stack((done.float(), self.episode_return, self.elapsed.float())) * done
+        self.elapsed.masked_fill_(done, 0)
+        self.episode_return.masked_fill_(done, 0.0)
+        return torch.where(done[:, None], self.observe(fresh=done), final_obs), final_obs, reward, terminated, truncated
+
+    def step(self, action):
+        """step_raw through gymnasium's vector NormalizeObservation and NormalizeReward (same-step auto-reset) and the
+        clips: (next observation, reward, done, final observation, truncated and not terminated), normalised."""
+        raw_obs, final_obs, reward, terminated, truncated = self.step_raw(action)
+        self.obs_rms.update(raw_obs)
+        self.obs.copy_(self.obs_rms.normalize(raw_obs))
+        self.discounted_return.copy_(self.discounted_return * self.gamma * ~terminated + reward)
+        self.return_rms.update(self.discounted_return)
+        self.done.copy_(terminated | truncated)
+        self.discounted_return.masked_fill_(self.done.bool(), 0.0)
+        reward = self.return_rms.normalize(reward, center=False)
+        return self.obs, reward, self.done, self.obs_rms.normalize(final_obs), truncated & ~terminated
+
+    def ended_episodes(self):
+        """(episodes ended, sum of their returns, sum of their lengths) since the last call, device scalars."""
+        ended = self.ended.sum(1)
+        self.ended.zero_()
+        return ended
+
+
+class CapturableEnvs(Envs):
+    """Envs whose physics joins torch's capture of a CUDA graph (the twins': a rollout or an env step one graph,
+    Warp's kernels in it); launched plainly, simulate is Envs'."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.captured = []  # the Warp graphs that simulate's captures leave, kept: they own their kernels' memory
+
+    @torch.compiler.disable  # Warp's launches: outside what torch.compile traces
+    def simulate(self):
+        if self.graph is None or not torch.cuda.is_current_stream_capturing():
+            return super().simulate()
+        # In torch's capture a Warp graph cannot launch, but Warp's kernels join that capture once Warp is told of it
+        # (an external capture); the Warp graph it returns holds their memory, kept.
+        stream = wp.stream_from_torch(torch.cuda.current_stream())
+        wp.capture_begin(stream=stream, external=True, capture_mode=wp.CaptureMode.GLOBAL)
+        with wp.ScopedStream(stream, sync_enter=False):
+            self.mujoco_steps()
+        self.captured.append(wp.capture_end(stream=stream))
