@@ -1,18 +1,32 @@
-# PPO for Atari on envpool, as CleanRL defines it, made fast with torch.compile, CUDA graphs and docs/tricks.md.
-# Docs: docs/ppo_atari.md
+# PPO for Atari on envpool, as CleanRL defines it, made fast with torch.compile, CUDA graphs and docs/tricks.md;
+# data-parallel under torchrun. Docs: docs/ppo_atari.md, docs/multigpu.md
 import random
 import sys
+import time
 from dataclasses import dataclass
 
 import envpool
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.optim as optim
 from tensordict.nn import CudaGraphModule
 from torch.distributions.categorical import Categorical
 
-from harness import Run, RunOptions, exit_code, fail, parse_args
+from harness import (
+    Run,
+    RunOptions,
+    agree,
+    agree_to_stop,
+    check_ranks_agree,
+    exit_code,
+    fail,
+    join_ranks,
+    parse_args,
+    setup_distributed,
+    world,
+)
 
 
 @dataclass
@@ -20,11 +34,11 @@ class Args(RunOptions):
     env_id: str = "Breakout-v5"
     """the id of the envpool Atari game"""
     total_timesteps: int = 10000000
-    """total timesteps of the experiment (rounded down to whole iterations of num_envs * num_steps)"""
+    """total timesteps of all ranks (rounded down to whole iterations of num_envs * num_steps on every rank)"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
     num_envs: int = 8
-    """the number of parallel game environments"""
+    """the number of parallel game environments of each rank"""
     num_steps: int = 128
     """the number of steps to run in each environment per policy rollout"""
     anneal_lr: bool = True
@@ -59,18 +73,6 @@ class Args(RunOptions):
 
 WARMUP_ITERATIONS = 3  # iterations before the fps window opens; --profile-dir profiles the one after them
 STATS = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")  # logged in this order
-
-
-def check_args(args):
-    """What the harness's range checks leave: minibatches of one size, and at least one whole rollout."""
-    batch_size = args.num_envs * args.num_steps
-    batch = f"--num-envs {args.num_envs} * --num-steps {args.num_steps} = {batch_size}"
-    if batch_size % args.num_minibatches:
-        fail(f"{batch} does not split evenly into --num-minibatches {args.num_minibatches}")
-    if args.norm_adv and batch_size // args.num_minibatches < 2:
-        fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample; --norm-adv needs two")
-    if args.total_timesteps < batch_size:
-        fail(f"--total-timesteps {args.total_timesteps} is below one rollout, {batch}")
 
 
 def make_envs(env_id, num_envs, seed):
@@ -178,6 +180,22 @@ class Agent:
         lr = torch.tensor(args.learning_rate, device=device)
         capturable = torch.device(device).type == "cuda"
         self.optimizer = optim.Adam(self.network.parameters(), lr=lr, eps=1e-5, capturable=capturable)
+        self.grads = None
+        if dist.is_initialized():
+            # Views into one flat buffer, filled in place: the all-reduce needs no copy, captured graphs find them at
+            # fixed addresses. Each starts on 16 bytes (the actor's bias has one element an action, 6 in Pong):
+            # compiled kernels load in vectors, which fail on a misaligned address.
+            parameters = list(self.network.parameters())
+            aligned = [-(-p.numel() // 4) * 4 for p in parameters]
+            self.grads = torch.zeros(sum(aligned), device=device)
+            for p, grad in zip(parameters, self.grads.split(aligned)):
+                p.grad = grad[: p.numel()].view_as(p)
+
+
+def average_gradients(grads):
+    """The flat gradient buffer (Agent.grads) replaced, in place, by its mean over the ranks: one all-reduce."""
+    dist.all_reduce(grads)
+    grads /= dist.get_world_size()
 
 
 def make_update_fns(agent, args):
@@ -202,7 +220,7 @@ def make_update_fns(agent, args):
             returns = advantages + values
         return advantages, returns
 
-    def update(obs, actions, logprobs, advantages, returns, values):
+    def backward(obs, actions, logprobs, advantages, returns, values):
         _, newlogprob, entropy, newvalue = agent.network.get_action_and_value(obs, actions)
         logratio = newlogprob - logprobs
         ratio = logratio.exp()
@@ -226,42 +244,70 @@ def make_update_fns(agent, args):
             v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
         entropy_loss = entropy.mean()
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-        agent.optimizer.zero_grad()
+        agent.optimizer.zero_grad(set_to_none=agent.grads is None)  # the flat buffer's views stay
         loss.backward()
+        outputs = (pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac)
+        for name, value in zip(STATS, outputs):  # not returned: a captured function copies outputs out of its graph
+            stats[name].copy_(value.detach())
+
+    def step():
         nn.utils.clip_grad_norm_(agent.network.parameters(), args.max_grad_norm)
         agent.optimizer.step()
-        outputs = (pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac)
-        return {name: value.detach() for name, value in zip(STATS, outputs)}
 
-    def update_in_place(*minibatch):
-        # No outputs: a captured function would copy each one out of its graph.
-        for name, value in update(*minibatch).items():
-            stats[name].copy_(value)
+    def update(*minibatch):
+        backward(*minibatch)
+        step()
 
     def policy(obs):
         with torch.no_grad():
             action, logprob, _, value = agent.network.get_action_and_value(obs)
         return action, logprob, value.flatten()
 
+    functions = (gae, update, backward, step, policy)
     if args.compile:
-        gae, update_in_place, policy = map(torch.compile, (gae, update_in_place, policy))
+        functions = map(torch.compile, functions)
     if args.cudagraphs:
-        gae, update_in_place, policy = (
-            CudaGraphModule(f, warmup=3 if args.compile else 2) for f in (gae, update_in_place, policy)
-        )
-    return gae, update_in_place, policy, stats
+        functions = (CudaGraphModule(f, warmup=3 if args.compile else 2) for f in functions)
+    # Other names for the wrapped backward and step: update calls the plain ones.
+    gae, update, fast_backward, fast_step, policy = functions
+
+    def update_distributed(*minibatch):
+        # The all-reduce runs between two graphs, not inside one: a collective captured in a CUDA graph is not
+        # tested yet (docs/multigpu.md). Alone, one graph does the whole update.
+        fast_backward(*minibatch)
+        average_gradients(agent.grads)
+        fast_step()
+
+    return gae, update_distributed if dist.is_initialized() else update, policy, stats
+
+
+def check_args(args):
+    """What the harness's range checks leave: minibatches of one size, and at least one whole rollout of every rank."""
+    _, world_size = world()
+    batch_size = args.num_envs * args.num_steps
+    batch = f"--num-envs {args.num_envs} * --num-steps {args.num_steps} = {batch_size}"
+    if batch_size % args.num_minibatches:
+        fail(f"{batch} does not split evenly into --num-minibatches {args.num_minibatches}")
+    if args.norm_adv and batch_size // args.num_minibatches < 2:
+        fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample; --norm-adv needs two")
+    if args.total_timesteps < batch_size * world_size:
+        fail(f"--total-timesteps {args.total_timesteps} is below one rollout, {batch} on each of {world_size} ranks")
 
 
 def train(args, run):
+    rank, world_size = world()
+    # Sizes are per rank; global_step counts the env steps of all ranks, as --total-timesteps does.
     batch_size = args.num_envs * args.num_steps
-    num_iterations = args.total_timesteps // batch_size
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
+    steps_per_iteration = batch_size * world_size
+    num_iterations = args.total_timesteps // steps_per_iteration
+    # Each rank seeds its envs and its sampling apart; the parameters come from rank 0.
+    random.seed(args.seed + rank)
+    np.random.seed(args.seed + rank)
+    torch.manual_seed(args.seed + rank)
     device, phase = run.device, run.phase
     torch.backends.cudnn.benchmark = device.type == "cuda"  # fixed shapes: cuDNN picks the fastest algorithms once
 
-    envs = make_envs(args.env_id, args.num_envs, args.seed)
+    envs = make_envs(args.env_id, args.num_envs, args.seed + rank)
     agent = Agent(args, envs.single_action_space.n, device)
     gae, update, policy, stats = make_update_fns(agent, args)
     rollout = Rollout(args.num_steps, args.num_envs, envs.single_observation_space.shape, device)
@@ -273,14 +319,19 @@ def train(args, run):
     next_done = np.zeros(args.num_envs, dtype=bool)
     # What a checkpoint holds: the iteration follows from the env step, the learning rate from the iteration.
     state = {"network": agent.network, "optimizer": agent.optimizer}
-    global_step = run.start(state, total_steps=num_iterations * batch_size, env_steps_per_call=args.num_envs,
-                            warmup_steps=WARMUP_ITERATIONS * batch_size, profile_steps=batch_size)
-    for iteration in range(global_step // batch_size + 1, num_iterations + 1):
+    # One env_step call on rank 0 stands for the same call on every rank, as global_step counts them all.
+    global_step = run.start(state, total_steps=num_iterations * steps_per_iteration, profile_steps=steps_per_iteration,
+                            warmup_steps=WARMUP_ITERATIONS * steps_per_iteration,
+                            env_steps_per_call=args.num_envs * world_size)
+    if world_size > 1:
+        join_ranks(run, agent.network, args, global_step)
+    first_step, t_loop = global_step, time.perf_counter()
+    for iteration in range(global_step // steps_per_iteration + 1, num_iterations + 1):
         run.unit(global_step)
         if args.anneal_lr:
             agent.optimizer.param_groups[0]["lr"].fill_((1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate)
         for step in range(args.num_steps):
-            global_step += args.num_envs
+            global_step += args.num_envs * world_size
             with phase("data"):
                 rollout.obs[step].copy_(rollout.next_obs_host, non_blocking=True)  # the frames, as uint8, in place
             with phase("policy"):
@@ -301,9 +352,10 @@ def train(args, run):
                 rewards_host[step] = reward
                 next_done = terminations | truncations
             with phase("other"):
-                for episodic_return, length in episodes.add(info, truncations):
-                    run.episode(global_step, episodic_return, length)
-                run.tick(global_step)
+                if rank == 0:  # rank 0 alone shows progress and counts returns, of its own envs, as CleanRL does
+                    for episodic_return, length in episodes.add(info, truncations):
+                        run.episode(global_step, episodic_return, length)
+                    run.tick(global_step)
 
         with phase("data"):
             dones_host[-1] = next_done
@@ -322,7 +374,10 @@ def train(args, run):
                     minibatch = [tensor[mb_inds] for tensor in batch]
                 with phase("update"):
                     update(*minibatch)
-            if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
+            approx_kl = stats["approx_kl"]
+            if args.target_kl is not None and world_size > 1:  # by the ranks' mean KL, all stop at the same epoch
+                approx_kl = agree(approx_kl, dist.ReduceOp.SUM, device) / world_size
+            if args.target_kl is not None and approx_kl > args.target_kl:
                 break
 
         with phase("other"):
@@ -332,7 +387,12 @@ def train(args, run):
             learning_rate = agent.optimizer.param_groups[0]["lr"]
             scalars = {"losses/explained_variance": explained_var, "charts/learning_rate": learning_rate}
             run.log(global_step, scalars | {f"losses/{name}": value for name, value in stats.items()})
+            if world_size > 1:
+                agree_to_stop(run, device)
     envs.close()
+    if dist.is_initialized():  # one rank under torchrun too: it leaves the process group
+        rank_fps = (global_step - first_step) / world_size / (time.perf_counter() - t_loop)
+        check_ranks_agree(agent.network, global_step, rank_fps)
 
 
 def evaluate(args, run, saved):
@@ -354,6 +414,7 @@ def evaluate(args, run, saved):
 def main(argv=None):
     """Train, or with --eval-checkpoint evaluate, as the arguments say; returns the record printed last."""
     args, checkpoint = parse_args(Args, __file__, argv)
+    setup_distributed(args)  # torchrun: join the process group before the checks that need the world
     check_args(args)
     run = Run(args, __file__, checkpoint)
     if args.eval_checkpoint:

@@ -38,8 +38,6 @@ RUNS = {
     "ppo_continuous_action_torchcompile": (PPO_CONTINUOUS, 384, 640),
     "ppo_atari_envpool": (PPO_ATARI, 128, 256),
     "ppo_atari_envpool_torchcompile": (PPO_ATARI, 128, 256),
-    "ppo_atari_envpool_multigpu": (PPO_ATARI, 128, 256),
-    "ppo_atari_envpool_multigpu_torchcompile": (PPO_ATARI, 128, 256),
     "ppo_classic_control_gpu": (PPO_GPU, 384, 640),
     "ppo_classic_control_gpu_torchcompile": (PPO_GPU, 384, 640),
     "ppo_continuous_action_gpu_mujoco": (PPO_MUJOCO, 96, 160),

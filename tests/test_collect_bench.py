@@ -14,6 +14,8 @@ import pytest
 import torch
 from helpers import assert_one_line_error, load_script, run_bad_input, run_cli
 
+from torch_classic_control import ENVS, CartPole, Envs
+
 TOOL = "tools/collect_bench"
 SCRIPT = "ppo_classic_control_gpu_torchcompile"
 SIZES = ["--envs", "1", "2^2", "--steps", "1", "8", "--fixed-steps", "8", "--fixed-envs", "4"]
@@ -131,7 +133,7 @@ def test_state_and_compute_sweep(tmp_path):
     assert [r["env_id"] for r in records[1:]] == ["CartPole-v1", "CartPole-v1-S2-C1", "CartPole-v1-S1-C5"]
     assert all(r["figures"] == ["figure9"] for r in records)
     assert skipped == [(f"gymnasium N=3 K=4 S={s} C={c}", "no heavier CartPole") for s, c in points[1:]]
-    assert bench.script.ENVS["CartPole-v1-S2-C1"].n_noise == 8
+    assert ENVS["CartPole-v1-S2-C1"].n_noise == 8
     assert "| torch-eager | 3 | 4 | 2 | 1 |" in (tmp_path / "collect_bench.md").read_text()
     assert (tmp_path / "figure9.png").read_bytes().startswith(b"\x89PNG")
     assert not (tmp_path / "figure4.png").exists()
@@ -142,7 +144,7 @@ def test_heavier_cartpole_is_gymnasium_substepped():
     the action; the episode ends where any cart's would; the policy sees cart 0; the reset draws every cart."""
     tool = load_script(TOOL)
     copies, substeps = 4, 3
-    heavier = tool.script.ENVS[tool.heavier_cartpole(copies, substeps)]
+    heavier = ENVS[tool.heavier_cartpole(copies, substeps)]
     n = 64
     torch.manual_seed(0)
     state = heavier.initial(torch.rand(n, heavier.n_noise)) * 5  # spread out, so that some carts end
@@ -171,7 +173,7 @@ def direct_rollout(n, k, seed, calls):
     script = load_script(SCRIPT)
     args = script.Args(num_envs=n, num_steps=k, seed=seed)
     torch.manual_seed(seed)
-    envs = script.Envs(args.env_id, n, CPU)
+    envs = Envs(args.env_id, n, CPU)
     agent = script.Agent(args, envs.physics.n_obs, envs.physics.n_act, CPU)
     _, _, policy, _ = script.make_update_fns(agent, args)
     rollout = script.Rollout(k, n, envs.physics.n_obs, CPU)
@@ -245,17 +247,16 @@ def test_simulator_backends_write_what_the_simulator_gives(backend):
 
 @pytest.mark.skipif(not importable("jax"), reason="jax does not import here")
 def test_jax_runs_the_scripts_cartpole_and_network():
-    """JAX's trajectory follows the script's CartPole step by step (its physics where no episode ended; a fresh
-    start where one did, for the reason the script's Envs ends one), acts with the torch network's weights, and
+    """JAX's trajectory follows torch_classic_control's CartPole step by step (its physics where no episode ended; a
+    fresh start where one did, for the reason Envs ends one), acts with the torch network's weights, and
     carries on from where the last call ended."""
     tool = load_script(TOOL)
-    script = load_script(SCRIPT)
     n, k = 16, 64
     bench = tool.build("jax", "CartPole-v1", n, k, CPU, seed=3)
     # Ten steps short of the time limit, so that it ends every episode not ended before (a random policy's never
     # last 500 steps).
     state, elapsed, episode_return, ended, key = bench.carry
-    bench.carry = (state, elapsed + script.CartPole.max_episode_steps - 10, episode_return, ended, key)
+    bench.carry = (state, elapsed + CartPole.max_episode_steps - 10, episode_return, ended, key)
     calls = []
     for _ in range(2):
         bench.collect()
@@ -269,11 +270,11 @@ def test_jax_runs_the_scripts_cartpole_and_network():
     assert (traj["rewards"] == 1).all() and traj["dones"].any()
     assert traj["dones"][:10].any(0).all()
     obs, actions = torch.as_tensor(traj["obs"]), torch.as_tensor(traj["actions"]).long()
-    elapsed = torch.full((n,), script.CartPole.max_episode_steps - 10, dtype=torch.int32)
+    elapsed = torch.full((n,), CartPole.max_episode_steps - 10, dtype=torch.int32)
     for t in range(2 * k - 1):
-        stepped, _, terminated = script.CartPole.step(obs[t], actions[t])
+        stepped, _, terminated = CartPole.step(obs[t], actions[t])
         elapsed += 1
-        done = terminated | (elapsed >= script.CartPole.max_episode_steps)
+        done = terminated | (elapsed >= CartPole.max_episode_steps)
         assert torch.equal(done.float(), torch.as_tensor(traj["dones"][t])), t
         torch.testing.assert_close(obs[t + 1][~done], stepped[~done], rtol=1e-5, atol=1e-6)
         assert ((obs[t + 1][done] >= -0.05) & (obs[t + 1][done] < 0.05)).all()

@@ -1,12 +1,13 @@
-"""--fused-rollout of ppo_classic_control_gpu_torchcompile.py, the rollout as one Triton kernel, on the CPU through
-Triton's interpreter: from the same parameters, env states and uniform numbers, its trajectory and episode sums are
-the torch rollout's (make_collect) on every env, and on collect_bench's heavier CartPole; its own Philox stream
-repeats from the seed and samples the policy; the bench's torch-fused backend collects what the script does; the
-script trains with it end to end; bad input. The same comparison on CUDA, where there is one.
+"""fused_rollout.py, the rollout of ppo_classic_control_gpu_torchcompile.py --fused-rollout as one Triton kernel, on
+the CPU through Triton's interpreter: from the same parameters, env states and uniform numbers, its trajectory and
+episode sums are the torch rollout's (the twin's make_collect) on every env, and on collect_bench's heavier CartPole;
+its own Philox stream repeats from the seed and samples the policy; the bench's torch-fused backend collects what the
+script does; the script trains with it end to end; bad input. The same comparison on CUDA, where there is one.
 
-Triton decides between compiling and interpreting when a kernel is defined, its own (tl.rand, tl.argmax, ...) at
-its first import: a process that imported it without TRITON_INTERPRET=1 (any test that loaded the script) cannot
-switch. The interpreter's checks therefore run in a new Python started with it (in_interpreter)."""
+Triton decides between compiling and interpreting when a kernel is defined (as fused_rollout is imported), its own
+(tl.rand, tl.argmax, ...) at its first import: a process that imported it without TRITON_INTERPRET=1 (any test that
+loaded the script) cannot switch. The interpreter's checks therefore run in a new Python started with it
+(in_interpreter); the runs of the script set it for theirs through monkeypatch, which restores it."""
 
 import json
 import os
@@ -16,7 +17,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import RECORD_KEYS, assert_one_line_error, load_script, requires_cuda, run_bad_input, run_cli
+from helpers import RECORD_KEYS, SCRIPTS, assert_one_line_error, load_script, requires_cuda, run_bad_input, run_cli
+
+import fused_rollout
+from torch_classic_control import ENVS, Envs
 
 pytest.importorskip("triton", reason="--fused-rollout needs Triton (requirements-dev.txt)")
 
@@ -38,8 +42,10 @@ TINY = ["--num-envs", "8", "--num-steps", "16", "--num-minibatches", "2", "--upd
 
 
 def in_interpreter(check, *args):
-    """check(*args), a function of this module, in a new Python with TRITON_INTERPRET=1; its failure is this one."""
-    code = f"import {Path(__file__).stem} as module; module.{check.__name__}(*{args!r})"
+    """check(*args), a function of this module, in a new Python with TRITON_INTERPRET=1; its failure is this one.
+    leanrl/ goes on its sys.path first, as conftest.py puts it on this one's."""
+    code = (f"import sys; sys.path.insert(0, {str(SCRIPTS)!r}); import {Path(__file__).stem} as module; "
+            f"module.{check.__name__}(*{args!r})")  # fmt: skip
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent, env=env, capture_output=True,
                           text=True, timeout=600)  # fmt: skip
@@ -48,15 +54,14 @@ def in_interpreter(check, *args):
 
 def make_pair(env_id, num_steps, device, seed=0):
     """One agent, and two copies of the same envs (half of them near their time limit) with a rollout each, the
-    first collected by make_collect, the second by make_fused_collect: agent, [(envs, rollout, collect)] * 2.
-    The script is the one collect_bench loads, where the heavier CartPole is registered."""
-    tool = load_script(TOOL)
-    script = tool.script
+    first collected by the twin's make_collect, the second by make_fused_collect: agent, [(envs, rollout, collect)]
+    * 2. The heavier CartPole is collect_bench's, registered in torch_classic_control's ENVS."""
+    script = load_script(FAST)
     if env_id == HEAVIER:
-        assert tool.heavier_cartpole(4, 3) == HEAVIER
+        assert load_script(TOOL).heavier_cartpole(4, 3) == HEAVIER
     args = script.Args(env_id=env_id, num_envs=NUM_ENVS, num_steps=num_steps, fused_rollout=True)
     torch.manual_seed(seed)
-    physics = script.ENVS[env_id]
+    physics = ENVS[env_id]
     agent = script.Agent(args, physics.n_obs, physics.n_act, device)
     _, _, policy, _ = script.make_update_fns(agent, args)
     elapsed = torch.randint(0, physics.max_episode_steps, (NUM_ENVS,), dtype=torch.int32)
@@ -64,15 +69,16 @@ def make_pair(env_id, num_steps, device, seed=0):
     if env_id in NEAR_GOAL:
         elapsed[NEAR_GOAL_ENVS] = 0
     pair = []
-    for make in (lambda *a: script.make_collect(policy, *a), lambda *a: script.make_fused_collect(agent, *a)):
+    for make in (lambda envs, rollout: script.make_collect(policy, envs, rollout, args),
+                 lambda envs, rollout: fused_rollout.make_fused_collect(agent.net, envs, rollout)):  # fmt: skip
         torch.manual_seed(seed)
-        envs = script.Envs(env_id, NUM_ENVS, device)
+        envs = Envs(env_id, NUM_ENVS, device)
         envs.elapsed.copy_(elapsed)
         if env_id in NEAR_GOAL:
             envs.state[NEAR_GOAL_ENVS] = torch.tensor(NEAR_GOAL[env_id], device=device)
         rollout = script.Rollout(num_steps, NUM_ENVS, physics.n_obs, device)
         rollout.obs[-1] = envs.observe()
-        pair.append((envs, rollout, make(envs, rollout, args)))
+        pair.append((envs, rollout, make(envs, rollout)))
     return agent, pair
 
 
@@ -206,7 +212,7 @@ def test_resume_goes_on_with_the_kernel_seed(tmp_path, monkeypatch):
 
 
 def test_without_triton(monkeypatch, capsys):
-    monkeypatch.setattr(load_script(FAST), "triton", None)
+    monkeypatch.setattr(fused_rollout, "triton", None)
     assert_one_line_error(run_bad_input(FAST, ["--fused-rollout"], capsys), "--fused-rollout needs Triton")
 
 

@@ -1,28 +1,31 @@
-"""Data-parallel PPO on the CPU, with gloo, for the PPO Atari multi-GPU pair and the GPU classic-control pair: two
-ranks under torchrun train as one run (one record, one checkpoint, the same parameters on both ranks), and go on
-from a checkpoint; the averaged gradient is the gradient of the whole batch; a rank that drifted or was started
-with other arguments ends the run with one error line; resumed ranks draw apart; and one process without torchrun
-is the single-GPU script."""
+"""Data-parallel PPO on the CPU, with gloo, for the PPO Atari pair and the GPU classic-control pair: two ranks under
+torchrun train as one run (one record, one checkpoint, the same parameters on both ranks), and go on from a
+checkpoint; the averaged gradient is the gradient of the whole batch; a rank that drifted or was started with other
+arguments ends the run with one error line; resumed ranks draw apart; and one rank under torchrun trains as one
+process without it does."""
 
 import datetime
 import functools
 import io
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
 from contextlib import redirect_stderr
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from helpers import RECORD_KEYS, SCRIPTS, load_script, run_main, wait_for
 
-BASE, FAST = "ppo_atari_envpool_multigpu", "ppo_atari_envpool_multigpu_torchcompile"
-SINGLE = {BASE: "ppo_atari_envpool", FAST: "ppo_atari_envpool_torchcompile"}
+from torch_classic_control import CartPole
+
+BASE, FAST = "ppo_atari_envpool", "ppo_atari_envpool_torchcompile"
 # Per rank: 2 envs x 32 steps, in 2 minibatches. Two ranks, 512 env steps: 4 iterations, the last one steady.
 TINY = ["--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1", "--no-tensorboard",
         "--no-cuda"]  # fmt: skip
@@ -37,18 +40,18 @@ RUNS = {BASE: (TINY, 512), FAST: (TINY, 512), CLASSIC_BASE: (CLASSIC_TINY, 1024)
 TIMEOUT = datetime.timedelta(seconds=60)
 
 
-def torchrun(name, *argv):
-    """The command that starts two ranks of a script under torchrun on this machine."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+def torchrun(name, *argv, ranks=2):
+    """The command that starts ranks of a script (two unless told) under torchrun on this machine."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
             str(SCRIPTS / f"{name}.py"), *argv]  # fmt: skip
 
 
-def launch(name, *argv, cwd):
-    return subprocess.run(torchrun(name, *argv), capture_output=True, text=True, timeout=300, cwd=cwd)
+def launch(name, *argv, cwd, ranks=2):
+    return subprocess.run(torchrun(name, *argv, ranks=ranks), capture_output=True, text=True, timeout=300, cwd=cwd)
 
 
-def check_one_run(name, proc, steps, tmp_path):
-    """Rank 0 alone printed the record (env steps of both ranks) and wrote the checkpoint; the run ended with
+def check_one_run(name, proc, steps, tmp_path, ranks=2):
+    """Rank 0 alone printed the record (env steps of all ranks) and wrote the checkpoint; the run ended with
     every rank's parameters checked equal to rank 0's, and each rank's fps on stderr. Returns the record."""
     assert proc.returncode == 0, proc.stderr
     (line,) = proc.stdout.strip().splitlines()
@@ -59,7 +62,7 @@ def check_one_run(name, proc, steps, tmp_path):
     checkpoint = torch.load(tmp_path / "saved" / f"{name}.pt", weights_only=True)
     assert checkpoint["global_step"] == steps
     (fps,) = [line for line in proc.stderr.splitlines() if line.startswith("env steps per second of each rank")]
-    assert len(json.loads(fps.split(": ")[1])) == 2
+    assert len(json.loads(fps.split(": ")[1])) == ranks
     assert "Traceback" not in proc.stderr
     return record
 
@@ -82,22 +85,6 @@ def test_two_ranks_go_on_from_a_checkpoint(name, tmp_path):
     assert record["resumed_from"] == steps
 
 
-@pytest.mark.parametrize("name", [CLASSIC_BASE, CLASSIC_FAST])
-@pytest.mark.usefixtures("eager_random")
-def test_resumed_ranks_draw_apart(name):
-    """Every rank of a resumed run restores rank 0's generators: rank 0 goes on with them, the others reseed
-    apart, each its own way."""
-    module = load_script(name)
-    draws = []
-    for rank in range(3):
-        torch.manual_seed(7)  # the restored generator, the same on every rank
-        module.resumed_apart(module.Args(), rank, 1024)
-        draws.append(torch.rand(4))
-    torch.manual_seed(7)
-    assert torch.equal(draws[0], torch.rand(4))
-    assert not torch.equal(draws[0], draws[1]) and not torch.equal(draws[1], draws[2])
-
-
 @pytest.mark.parametrize("name", [BASE, FAST])
 def test_atari_ranks_go_on_from_a_checkpoint(name, tmp_path):
     """Two ranks of the Atari pair resumed from rank 0's checkpoint train on to the new total, as one run again,
@@ -108,24 +95,6 @@ def test_atari_ranks_go_on_from_a_checkpoint(name, tmp_path):
     proc = launch(name, *argv, "--total-timesteps", str(2 * steps), "--resume", "saved", cwd=tmp_path)
     assert check_one_run(name, proc, 2 * steps, tmp_path)["resumed_from"] == steps
     assert f"resuming at env step {steps}, episodes restarted" in proc.stderr
-
-
-@pytest.mark.parametrize("name", [BASE, FAST])
-def test_atari_resumed_ranks_draw_apart(name):
-    """Every rank of a resumed run restores rank 0's generators: rank 0 goes on with them, the others reseed
-    apart, each its own way, and apart from the start of the run (seeded with --seed + rank)."""
-    module = load_script(name)
-    draws = []
-    for rank in range(3):
-        torch.manual_seed(7)  # the restored generator, the same on every rank
-        module.resumed_apart(module.Args(), rank, 512)
-        draws.append((torch.rand(4), module.np.random.rand(), module.random.random()))
-    torch.manual_seed(7)
-    assert torch.equal(draws[0][0], torch.rand(4))
-    for one, other in ((draws[0], draws[1]), (draws[1], draws[2])):
-        assert not torch.equal(one[0], other[0]) and one[1:] != other[1:]
-    torch.manual_seed(module.Args().seed + 1)
-    assert not torch.equal(draws[1][0], torch.rand(4))
 
 
 @pytest.mark.parametrize("name", [BASE, FAST])
@@ -158,12 +127,12 @@ def stop_worker(rank, store, results):
     run = base.Run(args, BASE, None)
     base.join_ranks(run, torch.nn.Linear(2, 2), args, 0)
     base.agree_to_stop(run, "cpu")
-    stops = [run.signal]
+    stops = [run.stops.signal]
     if rank == 0:
         os.kill(os.getpid(), signal.SIGINT)
-    stops.append(run.signal)
+    stops.append(run.stops.signal)
     base.agree_to_stop(run, "cpu")
-    results[rank] = [*stops, run.signal]
+    results[rank] = [*stops, run.stops.signal]
     dist.destroy_process_group()
 
 
@@ -171,6 +140,34 @@ def test_a_signal_to_one_rank_waits_for_the_others(tmp_path):
     results = mp.Manager().dict()
     mp.spawn(stop_worker, args=(tmp_path / "store", results), nprocs=2)
     assert results[0] == results[1] == [None, None, signal.SIGINT]
+
+
+def draw_worker(rank, store, results):
+    """One rank of a gloo group of three, resumed at env step 512: every rank restored rank 0's generators (here all
+    seeded with 7); what it draws after join_ranks."""
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=3, timeout=TIMEOUT)
+    base = load_script(BASE)
+    args, network = base.Args(cuda=False), torch.nn.Linear(2, 2)
+    run = base.Run(args, BASE, None)
+    for seed in (random.seed, np.random.seed, torch.manual_seed):
+        seed(7)
+    base.join_ranks(run, network, args, 512)
+    results[rank] = (torch.rand(4).tolist(), np.random.rand(), random.random())
+    dist.destroy_process_group()
+
+
+def test_resumed_ranks_draw_apart(tmp_path):
+    """Every rank of a resumed run restores rank 0's generators: rank 0 goes on with them, the others reseed apart,
+    each its own way, and apart from the start of the run (seeded with --seed + rank)."""
+    results = mp.Manager().dict()
+    mp.spawn(draw_worker, args=(tmp_path / "store", results), nprocs=3)
+    draws = [results[rank] for rank in range(3)]
+    torch.manual_seed(7)
+    assert draws[0][0] == torch.rand(4).tolist()
+    for one, other in ((draws[0], draws[1]), (draws[1], draws[2])):
+        assert all(a != b for a, b in zip(one, other))
+    torch.manual_seed(load_script(BASE).Args().seed + 1)
+    assert draws[1][0] != torch.rand(4).tolist()
 
 
 def free_port():
@@ -227,7 +224,7 @@ def classic_update_is_the_whole_batch_update(rank):
     a mean over the batch); the gradient norm is the whole batch's."""
     classic = load_script(CLASSIC_FAST)
     args = classic.Args(norm_adv=False)
-    n_obs, n_act = classic.CartPole.n_obs, classic.CartPole.n_act
+    n_obs, n_act = CartPole.n_obs, CartPole.n_act
     generator = torch.Generator().manual_seed(2)
     obs = torch.randn(FRAMES, n_obs, generator=generator)
     actions = torch.randint(0, n_act, (FRAMES,), generator=generator)
@@ -255,11 +252,16 @@ def atari_update_is_the_whole_batch_update(rank, obs, actions):
     minibatch = (obs, actions, logprobs, advantages, returns, values)
     make_agent = functools.partial(fast.Agent, args, N_ACT, "cpu")
     (whole, _), (halves, _) = updated_on_whole_and_half(rank, fast, args, make_agent, minibatch)
+    assert halves.grads is not None, "in a process group the gradients are views of one flat buffer"
     torch.testing.assert_close(halves.grads, whole.grads, rtol=1e-4, atol=1e-6)
     for p_whole, p_halves in zip(whole.network.parameters(), halves.network.parameters()):
         torch.testing.assert_close(p_halves, p_whole, rtol=1e-4, atol=1e-6)
     torch.manual_seed(0)
     assert not torch.equal(whole.network.critic.bias, fast.Agent(args, N_ACT, "cpu").network.critic.bias)
+
+
+def flat_grads(network):
+    return torch.cat([p.grad.reshape(-1) for p in network.parameters()])
 
 
 def ranks_worker(rank, store, results):
@@ -278,19 +280,21 @@ def ranks_worker(rank, store, results):
     agent = fast.Agent(fast.Args(), N_ACT, "cpu")
     network = agent.network
     loss_of(network, obs, actions).backward()
-    whole = agent.grads.clone()
+    whole = flat_grads(network)
 
     # The twin's gradients are views into agent.grads, which backward fills and the all-reduce averages in place.
     agent.optimizer.zero_grad(set_to_none=False)
     loss_of(network, obs[half], actions[half]).backward()
     fast.average_gradients(agent.grads)
-    torch.testing.assert_close(agent.grads, whole, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(flat_grads(network), whole, rtol=1e-4, atol=1e-6)
+    # Every view starts on 16 bytes, also after a bias of 6 actions (Pong's), as compiled kernels need.
+    pong = fast.Agent(fast.Args(), 6, "cpu").network.parameters()
+    assert all(p.grad.data_ptr() % 16 == 0 for p in pong)
 
     network.zero_grad(set_to_none=True)
     loss_of(network, obs[half], actions[half]).backward()
     base.average_gradients(network.parameters())
-    averaged = torch.cat([p.grad.reshape(-1) for p in network.parameters()])
-    torch.testing.assert_close(averaged, whole, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(flat_grads(network), whole, rtol=1e-4, atol=1e-6)
 
     with torch.no_grad():
         network.critic.bias += rank
@@ -310,15 +314,18 @@ def test_averaged_gradient_is_the_whole_batch_gradient_and_drift_is_an_error(tmp
 
 
 @pytest.mark.parametrize("name", [BASE, FAST])
-def test_one_process_is_the_single_gpu_script(name, workdir, capsys, monkeypatch):
-    """Without torchrun, the script is the single-GPU one: from the same seed, the same record return and the
-    same final parameters and optimizer state, bit for bit."""
+def test_one_rank_under_torchrun_trains_as_one_process(name, workdir, capsys, monkeypatch):
+    """One rank under torchrun (a process group of one: the all-reduce, in the twin the flat gradient buffer and the
+    update in two, the agreement to stop, the end check) trains as one process without torchrun: from the same
+    seed, the same return and the same final parameters and optimizer state, bit for bit."""
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     argv = [*TINY, "--total-timesteps", "256"]
-    records = {script: run_main(script, argv + ["--save-dir", script], capsys) for script in (name, SINGLE[name])}
-    assert records[name]["episodic_return"] == records[SINGLE[name]]["episodic_return"]
-    states = [torch.load(workdir / s / f"{s}.pt", weights_only=True)["state"] for s in (name, SINGLE[name])]
-    for key, tensor in states[1]["network"].items():
-        assert torch.equal(states[0]["network"][key], tensor), key
-    for key, tensor in states[1]["optimizer"]["state"][0].items():
-        assert torch.equal(states[0]["optimizer"]["state"][0][key], tensor), key
+    alone = run_main(name, [*argv, "--save-dir", "alone"], capsys)
+    rank = check_one_run(name, launch(name, *argv, "--save-dir", "saved", cwd=workdir, ranks=1), 256, workdir, ranks=1)
+    assert rank["episodic_return"] == alone["episodic_return"]
+    states = [torch.load(workdir / folder / f"{name}.pt", weights_only=True)["state"] for folder in ("alone", "saved")]
+    for key, tensor in states[0]["network"].items():
+        assert torch.equal(states[1]["network"][key], tensor), key
+    for index, adam in states[0]["optimizer"]["state"].items():
+        for key, tensor in adam.items():
+            assert torch.equal(states[1]["optimizer"]["state"][index][key], tensor), (index, key)

@@ -5,16 +5,16 @@ factor S: S carts per env; compute factor C: C Euler substeps per env step), for
 
     gymnasium      gymnasium's numpy-vectorized CartPole on the CPU, the torch policy on the device
     envpool        envpool's CartPole-v1 on the CPU, the same policy arrangement
-    torch-eager    ppo_classic_control_gpu_torchcompile.py's make_collect, envs as device tensors
+    torch-eager    ppo_classic_control_gpu_torchcompile.py's make_collect, torch_classic_control's envs on the device
     torch-compile  the same with --compile: the env step compiled
     torch-graph-eager  the same with --cudagraphs: the K-step collect captured as one CUDA graph (CUDA only)
     torch-graph    the same with --compile --cudagraphs, the script's fastest mode (CUDA only)
-    torch-fused    the script's make_fused_collect (--fused-rollout): the K steps as one Triton kernel (CUDA, or
-                   the CPU when started with TRITON_INTERPRET=1: Triton's interpreter, slow, for tests)
+    torch-fused    fused_rollout.make_fused_collect (the script's --fused-rollout): the K steps as one Triton
+                   kernel (CUDA, or the CPU when started with TRITON_INTERPRET=1: Triton's interpreter, slow, for tests)
     jax            the same network and CartPole in JAX, K steps as one jit of lax.scan (where jax imports)
 
-One call collects K steps of N envs (N*K samples). The heavier CartPole is the script's CartPole with `copies`
-S and `substeps` C (its docstring says how they work); the policy is the same, so S and C weigh on the
+One call collects K steps of N envs (N*K samples). The heavier CartPole is torch_classic_control's CartPole with
+`copies` S and `substeps` C (its docstring says how they work); the policy is the same, so S and C weigh on the
 simulator alone: S on the state each step reads and writes (registers in the fused kernel, memory elsewhere),
 C on the arithmetic. The CPU simulators have no heavier CartPole. Warm-up calls (compilation, capture) are timed apart;
 then calls repeat until --min-seconds have passed, and samples/s = N*K*calls/seconds, synchronised at the
@@ -67,8 +67,17 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
+# The script, and the modules it imports from beside it (the harness, the envs, the fused rollout), in leanrl/: on
+# sys.path when the script runs, put there for this tool.
+LEANRL = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if LEANRL not in sys.path:
+    sys.path.insert(0, LEANRL)
+from fused_rollout import fused_rollout_unavailable, make_fused_collect  # noqa: E402
+from harness.run import QUIET_WARNINGS  # noqa: E402
+from torch_classic_control import ENVS, CartPole, Envs  # noqa: E402
+
 SCRIPT_NAME = "ppo_classic_control_gpu_torchcompile"
-SCRIPT_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), f"{SCRIPT_NAME}.py")
+SCRIPT_PATH = os.path.join(LEANRL, f"{SCRIPT_NAME}.py")
 # Torch backends: (compile, cudagraphs) of the script's make_collect.
 TORCH_MODES = {
     "torch-eager": (False, False),
@@ -76,11 +85,11 @@ TORCH_MODES = {
     "torch-graph-eager": (False, True),
     "torch-graph": (True, True),
 }
-# The script's rollouts: make_collect in each of TORCH_MODES, and make_fused_collect.
+# The script's rollouts: make_collect in each of TORCH_MODES, and fused_rollout's make_fused_collect.
 TORCH_BACKENDS = (*TORCH_MODES, "torch-fused")
 # In this order: JAX last, so the memory it keeps once it has run does not crowd the torch backends.
 BACKENDS = ("gymnasium", "envpool", *TORCH_BACKENDS, "jax")
-# Backends with a CartPole of their own (not the script's Envs), each from a package of that name; the CPU
+# Backends with a CartPole of their own (not torch_classic_control's Envs), each from a package of that name; the CPU
 # simulators among them have no heavier CartPole (--sweep sc).
 OWN_CARTPOLE = ("gymnasium", "envpool", "jax")
 CPU_SIMULATORS = ("gymnasium", "envpool")
@@ -110,7 +119,7 @@ class Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsH
 
 
 def load_script():
-    """The training script as a module (its main() not run): the envs, networks and collect being measured."""
+    """The training script as a module (its main() not run): the networks and collect being measured."""
     spec = importlib.util.spec_from_file_location(SCRIPT_NAME, SCRIPT_PATH)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -137,13 +146,14 @@ def count(option):
 
 
 def heavier_cartpole(copies, substeps):
-    """The env id of the script's CartPole with `copies` carts per env and `substeps` Euler steps per env step,
-    registered in the script's ENVS (where Envs and the fused kernel find it); CartPole-v1 itself for one each."""
+    """The env id of CartPole with `copies` carts per env and `substeps` Euler steps per env step, registered in
+    torch_classic_control's ENVS (where Envs finds it; the fused kernel runs it as CartPole); CartPole-v1 itself for
+    one each."""
     if (copies, substeps) == (1, 1):
         return "CartPole-v1"
     env_id = f"CartPole-v1-S{copies}-C{substeps}"
-    attributes = {"copies": copies, "substeps": substeps, "n_noise": script.CartPole.n_noise * copies}
-    script.ENVS.setdefault(env_id, type(env_id, (script.CartPole,), attributes))
+    attributes = {"copies": copies, "substeps": substeps, "n_noise": CartPole.n_noise * copies}
+    ENVS.setdefault(env_id, type(env_id, (CartPole,), attributes))
     return env_id
 
 
@@ -157,7 +167,7 @@ def unavailable(backend, env_id, device):
     if TORCH_MODES.get(backend, (False, False))[1] and device.type != "cuda":
         return "CUDA graphs need CUDA"
     if backend == "torch-fused":
-        return script.fused_rollout_unavailable(device.type == "cuda")
+        return fused_rollout_unavailable(device.type == "cuda")
     if backend in OWN_CARTPOLE:
         try:
             importlib.import_module(backend)
@@ -188,7 +198,7 @@ def seeded(env_id, n, k, device, seed, compile=False, cudagraphs=False):
         script.Args(), env_id=env_id, num_envs=n, num_steps=k, seed=seed, compile=compile, cudagraphs=cudagraphs
     )
     torch.manual_seed(seed)
-    envs = script.Envs(env_id, n, device)
+    envs = Envs(env_id, n, device)
     agent = script.Agent(args, envs.physics.n_obs, envs.physics.n_act, device)
     _, _, policy, _ = script.make_update_fns(agent, args)
     return args, envs, agent, policy
@@ -209,8 +219,8 @@ def build_torch(backend, env_id, n, k, device, seed):
     rollout.obs[-1] = envs.observe()
     warmup = WARMUP_CALLS
     if backend == "torch-fused":  # the first call compiles the Triton kernel
-        collect = script.make_fused_collect(agent, envs, rollout, args)
-        variant = f"{SCRIPT_NAME}.make_fused_collect"
+        collect = make_fused_collect(agent.net, envs, rollout)
+        variant = "fused_rollout.make_fused_collect"
     else:
         collect = script.make_collect(policy, envs, rollout, args)
         variant = " ".join([f"{SCRIPT_NAME}.make_collect"] + ["--compile"] * compile + ["--cudagraphs"] * cudagraphs)
@@ -244,7 +254,7 @@ def build_simulator(backend, env_id, n, k, device, seed):
     there, the action copied back for the simulator, and the step's results copied into the rollout."""
     _, _, agent, policy = seeded(env_id, n, k, device, seed)
     envs, obs, variant = make_simulator(backend, n, seed)
-    rollout = script.Rollout(k, n, script.CartPole.n_obs, device)
+    rollout = script.Rollout(k, n, CartPole.n_obs, device)
     rollout.obs[-1] = torch.as_tensor(obs, device=device)
 
     def collect():
@@ -274,7 +284,7 @@ def build_jax(backend, env_id, n, k, device, seed):
     jax_device = jax.devices(jax_platform(device))[0]
     net = seeded(env_id, n, k, device, seed)[2].net
     params = jax.device_put({name: p.detach().cpu().numpy() for name, p in net.state_dict().items()}, jax_device)
-    c = script.ENVS[env_id]
+    c = ENVS[env_id]
 
     def mlp(params, prefix, x):
         # Linear layers 0, 2, 4 of the script's nn.Sequential, tanh between; full float32 matmuls, as torch's.
@@ -284,7 +294,7 @@ def build_jax(backend, env_id, n, k, device, seed):
             x = jnp.tanh(x) if i < 4 else x
         return x
 
-    def physics(state, action):  # the script's CartPole.step, its substeps unrolled as there, through its substep
+    def physics(state, action):  # CartPole.step, its substeps unrolled as there, through its substep
         x, x_dot, theta, theta_dot = jnp.moveaxis(state.reshape(n, 4, c.copies), 1, 0)
         force = jnp.where(action == 1, c.force_mag, -c.force_mag).astype(jnp.float32)[:, None]
         for _ in range(c.substeps):
@@ -292,7 +302,7 @@ def build_jax(backend, env_id, n, k, device, seed):
         terminated = ((jnp.abs(x) > c.x_threshold) | (jnp.abs(theta) > c.theta_threshold)).any(-1)
         return jnp.concatenate((x, x_dot, theta, theta_dot), -1), jnp.ones(n, jnp.float32), terminated
 
-    def initial(key):  # the script's CartPole.initial of uniform noise
+    def initial(key):  # CartPole.initial of uniform noise
         return c.initial(jax.random.uniform(key, (n, c.n_noise), dtype=jnp.float32))
 
     def env_step(params, carry, _):
@@ -594,7 +604,7 @@ def parse_args(argv):
     parser.add_argument("--fixed-steps", type=count("--fixed-steps"), default=128, help="K of the N and S/C sweeps")
     parser.add_argument("--fixed-envs", type=count("--fixed-envs"), default=4096, help="N of the K and S/C sweeps")
     parser.add_argument("--backends", nargs="+", default=list(BACKENDS), help=f"any of {', '.join(BACKENDS)}")
-    parser.add_argument("--env-id", default="CartPole-v1", help=f"one of {', '.join(script.ENVS)}")
+    parser.add_argument("--env-id", default="CartPole-v1", help=f"one of {', '.join(ENVS)}")
     parser.add_argument("--min-seconds", type=float, default=1.0, help="timed calls repeat until this long")
     parser.add_argument(
         "--device",
@@ -613,8 +623,8 @@ def parse_args(argv):
         if backend not in BACKENDS:
             fail(f"--backends {backend!r} is not one of {', '.join(BACKENDS)}")
     args.backends = [b for b in BACKENDS if b in backends]  # in BACKENDS' order, whatever the order given
-    if args.env_id not in script.ENVS:
-        fail(f"--env-id {args.env_id!r} is not one of the script's environments: {', '.join(script.ENVS)}")
+    if args.env_id not in ENVS:
+        fail(f"--env-id {args.env_id!r} is not one of the script's environments: {', '.join(ENVS)}")
     if args.sweep == "sc" and args.env_id != "CartPole-v1":
         fail(f"--sweep sc weighs CartPole-v1 down, not {args.env_id}")
     for factor in args.state_factors:
@@ -682,7 +692,7 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
-    for message in script.QUIET_WARNINGS:
+    for message in QUIET_WARNINGS:
         warnings.filterwarnings("ignore", message)
     device, environment = args.device, environment_of(args.device)
     records, skipped = [], []
