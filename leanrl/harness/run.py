@@ -35,7 +35,7 @@ from .speed import SpeedWindow, print_record, speed_record
 # Notes that are not the user's concern; the last: the episode an evaluation leaves unfinished is not recorded.
 QUIET_WARNINGS = (r".*The environment \S+-v4 is out of date", r"Using lock_\(\) inside a compiled graph",
                   r"TensorFloat32 tensor cores", r"The AccumulateGrad node's stream does not match",
-                  r".*Unable to save last video")  # fmt: skip
+                  r"\s*Online softmax is disabled on the fly", r".*Unable to save last video")  # fmt: skip
 
 
 class Diverged(Exception):
