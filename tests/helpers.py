@@ -20,8 +20,8 @@ SCRIPTS = ROOT / "leanrl"
 TESTS = ROOT / "tests"
 RECORD_KEYS = {
     "script", "env_id", "seed", "compile", "cudagraphs", "device", "gpu", "cpu_count", "torch", "torch_threads",
-    "total_timesteps", "fps", "steady", "interrupted", "diverged", "amp", "fps_overall", "resumed_from", "checkpoint_seconds",
-    "warmup_seconds", "wall_seconds", "episodic_return", "return_curve",
+    "total_timesteps", "fps", "steady", "interrupted", "diverged", "amp", "fps_overall", "resumed_from",
+    "checkpoint_seconds", "warmup_seconds", "wall_seconds", "episodic_return", "return_curve",
 }  # fmt: skip
 # The four modes of a compiled script.
 MODES = [[], ["--compile"], ["--cudagraphs"], ["--compile", "--cudagraphs"]]

@@ -134,7 +134,7 @@ def saved(capsys):
         (["--resume", "truncated.pt"], "truncated.pt: not a readable checkpoint, truncated or corrupt"),
         (["--eval-checkpoint", "text.pt"], "text.pt: not a readable checkpoint"),
         (["--resume", "plain.pt"], "plain.pt: not a checkpoint of this version"),
-        (["--resume", "other_script.pt"], "other_script.pt: a checkpoint of sac_continuous_action, not of least_squares"),
+        (["--resume", "other_script.pt"], "other_script.pt: a checkpoint of sac_continuous_action, not of"),
         (["--save-dir", "run"], "--save-dir run holds another run's checkpoint"),
         (["--save-dir", "run/least_squares.pt/inside"], "--save-dir"),
         (["--save-dir", "run/least_squares.pt"], "--save-dir run/least_squares.pt is a file: it names a folder"),
@@ -149,7 +149,8 @@ def test_bad_checkpoints_and_folders(saved, argv, fragment, capsys):
     Path("truncated.pt").write_bytes(data[:1000])
     Path("text.pt").write_text("not a checkpoint\n")
     torch.save({"weights": torch.zeros(2)}, "plain.pt")
-    torch.save({**torch.load("run/least_squares.pt", weights_only=True), "script": "sac_continuous_action"}, "other_script.pt")
+    saved_toy = torch.load("run/least_squares.pt", weights_only=True)
+    torch.save({**saved_toy, "script": "sac_continuous_action"}, "other_script.pt")
     Path("empty").mkdir()
     assert_one_line_error(run_bad_input(NAME, argv, capsys), fragment)
     assert digest("run/least_squares.pt") == saved
@@ -322,16 +323,18 @@ sys.exit(130 if toy.main(["--total-timesteps", "4000", "--no-tensorboard"])["int
 
 def test_one_stop_delivered_twice_is_one_stop(monkeypatch, capsys):
     """In the loop, a second signal within 3 s of the first (the same stop, delivered twice) leaves the run to stop
-    at the end of its unit of work; a later one stops it at once, as a second Ctrl-C should."""
+    at the end of its unit of work (the first says when, from the last unit's time); a later one stops it at once,
+    as a second Ctrl-C should."""
     from harness import signals
 
     stops = signals.StopSignals.__new__(signals.StopSignals)
-    stops.signal, stops.in_loop = None, True
+    stops.signal, stops.in_loop, stops.unit_seconds = None, True, 53.2  # the last unit of work took 53.2 s
     clock = iter([100.0, 102.0, 103.5])
     monkeypatch.setattr(signals.time, "monotonic", lambda: next(clock))
     stops.on_signal(signal.SIGINT, None)
     stops.on_signal(signal.SIGINT, None)
-    assert stops.signal == signal.SIGINT and "stopping at the end of this step" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert stops.signal == signal.SIGINT and err == "stopping at the end of this step, in about 53 s (again: at once)\n"
     with pytest.raises(KeyboardInterrupt):
         stops.on_signal(signal.SIGINT, None)
 
@@ -341,6 +344,7 @@ def test_run_options_are_documented():
     source = (Path(harness.__file__).parent / "options.py").read_text()
     options = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "RunOptions")
     body = options.body
-    fields = [(node.target.id, after) for node, after in zip(body, body[1:] + [None]) if isinstance(node, ast.AnnAssign)]
+    pairs = zip(body, body[1:] + [None])
+    fields = [(node.target.id, after) for node, after in pairs if isinstance(node, ast.AnnAssign)]
     assert len(fields) == len(dataclasses.fields(harness.RunOptions))
     assert all(isinstance(after, ast.Expr) and isinstance(after.value.value, str) for _, after in fields), fields

@@ -31,6 +31,7 @@ from .options import check_outputs
 from .progress import Progress, ScalarLog
 from .signals import StopSignals
 from .speed import SpeedWindow, print_record, speed_record
+from .torchrun import world
 
 # Notes that are not the user's concern; the last: the episode an evaluation leaves unfinished is not recorded.
 QUIET_WARNINGS = (r".*The environment \S+-v4 is out of date", r"Using lock_\(\) inside a compiled graph",
@@ -84,16 +85,18 @@ class Run:
                      "pass a larger --total-timesteps")  # fmt: skip
             print(f"resuming at env step {first_step}, episodes restarted; saving to {self.args.save_dir}",
                   file=sys.stderr)  # fmt: skip
-        self.state, self.steps, self.profile_steps, self.env_steps_per_call = state, first_step, profile_steps, env_steps_per_call
+        self.state, self.steps, self.profile_steps = state, first_step, profile_steps
+        self.env_steps_per_call = env_steps_per_call
         self.next_save = self.save_due(first_step)
         self.scalars = ScalarLog(self.args, self.run_name)  # now that the env and networks are made: no empty run
         self.window = SpeedWindow(first_step, max(warmup_from, first_step) + warmup_steps)
         self.progress = Progress(self.script, first_step, total_steps, returns, curve, self.t_start)
         compiles = [flag for flag in ("compile", "cudagraphs") if getattr(self.args, flag, False)]
-        print(f"{self.script}: warm-up for {self.window.opens_at - first_step} env steps"
-              + (f" (--{' and --'.join(compiles)}: the first steps compile)" if compiles else "")
-              + "; fps and eta once the rate is steady", file=sys.stderr, flush=True)  # fmt: skip
-        self.stops.in_loop = True
+        if world()[0] == 0:  # under torchrun, rank 0 speaks for every rank
+            print(f"{self.script}: warm-up for {self.window.opens_at - first_step} env steps"
+                  + (f" (--{' and --'.join(compiles)}: the first steps compile)" if compiles else "")
+                  + "; fps and eta once the rate is steady", file=sys.stderr, flush=True)  # fmt: skip
+        self.stops.in_loop, self.t_unit = True, time.perf_counter()
         return first_step
 
     def save_due(self, step):
@@ -101,14 +104,16 @@ class Run:
 
     def unit(self, step):
         """A unit of work begins after `step` env steps: checkpoint, stop, fps window, profiler."""
-        self.steps = step
+        now = time.perf_counter()
+        self.steps, self.stops.unit_seconds, self.t_unit = step, now - self.t_unit, now
         self.stops.catch()
         if self.args.save_dir and (self.stops.signal or self.next_save and step >= self.next_save):
             self.save(step)
         if self.stops.signal:
             raise KeyboardInterrupt
         if self.window.opens(step) and self.args.profile_dir:
-            self.profiler = profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * (self.device.type == "cuda"))
+            cuda = self.device.type == "cuda"
+            self.profiler = profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda)
             self.profiler.start()
             self.profiler.add_metadata_json("env_steps_per_call", str(self.env_steps_per_call))  # for breakdown.py
         elif self.profiler is not None and step >= self.window.step_open + self.profile_steps:

@@ -7,7 +7,7 @@ import time
 
 class StopSignals:
     def __init__(self):
-        self.signal, self.in_loop, self.handler = None, False, self.on_signal
+        self.signal, self.in_loop, self.handler, self.unit_seconds = None, False, self.on_signal, 0.0
         self.catch()
 
     def catch(self):  # again as each unit begins: Triton's LLVM puts its own handlers in when it compiles
@@ -27,5 +27,6 @@ class StopSignals:
             return
         self.signal, self.t_signal = signum, now
         if first and self.in_loop:
-            return print("stopping at the end of this step (again: at once)", file=sys.stderr, flush=True)
+            wait = f", in about {self.unit_seconds:.0f} s" if self.unit_seconds >= 2 else ""  # the last unit's time
+            return print(f"stopping at the end of this step{wait} (again: at once)", file=sys.stderr, flush=True)
         raise KeyboardInterrupt
