@@ -235,11 +235,12 @@ def test_report_bad_input(tmp_path):
 
 @pytest.fixture
 def repo(tmp_path):
-    """A copy of the repository's run.sh, tools and SAC baseline, plus the fake compiled script."""
+    """A copy of the repository's run.sh, tools, harness and SAC baseline, plus the fake compiled script."""
     root = tmp_path / "repo"
     (root / "leanrl").mkdir(parents=True)
     shutil.copy(ROOT / "run.sh", root)
     shutil.copytree(ROOT / "leanrl" / "tools", root / "leanrl" / "tools")
+    shutil.copytree(ROOT / "leanrl" / "harness", root / "leanrl" / "harness")
     shutil.copy(ROOT / "leanrl" / "sac_continuous_action.py", root / "leanrl")
     (root / "leanrl" / "fake_torchcompile.py").write_text(FAKE)
     return root
