@@ -41,9 +41,12 @@ def script_path(name):
 
 @functools.cache
 def load_script(name):
-    """Import leanrl/<name>.py (conftest.py puts leanrl/ on sys.path for its imports) as a module, without running
-    its main()."""
-    spec = importlib.util.spec_from_file_location(name.replace("/", "."), script_path(name))
+    """Import leanrl/<name>.py as a module, without running its main(). Its folder goes on sys.path first, as Python
+    does for a script it runs, for the modules beside it (a tool's benchkit; conftest.py puts leanrl/ there)."""
+    path = script_path(name)
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(name.replace("/", "."), path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

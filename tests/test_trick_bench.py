@@ -1,6 +1,7 @@
 """trick_bench.py: every trick is timed after its before/after pair is shown to compute the same thing; a
 trick that changed the result is caught; bad input."""
 
+
 import pytest
 from helpers import assert_one_line_error, load_script, run_cli
 

@@ -12,21 +12,11 @@ import bisect
 import glob
 import json
 import os
-import sys
 import time
 from collections import defaultdict
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-# speed_report.py, beside this file, reads the speed records. Run as a script, this folder is on sys.path
-# already; loaded from elsewhere (the tests), it is put there.
-TOOLS = os.path.dirname(os.path.abspath(__file__))
-if TOOLS not in sys.path:
-    sys.path.insert(0, TOOLS)
-import speed_report  # noqa: E402
+import speed_report  # beside this file: the reader of the speed records
+from benchkit import Parser, fail, markdown_table, pyplot, save_figure, writable_folder, write_lines
 
 PHASES = ("env_step", "policy", "data", "update", "other")
 OUTSIDE = "outside phases"
@@ -46,12 +36,6 @@ HEADERS = {
 }
 COLORS = {"python": "#4c72b0", "framework": "#dd8452", "cuda_api": "#c44e52", "gpu_overlap": "#55a868",
           "gpu_wait": "#8c8c8c"}  # fmt: skip
-
-
-def fail(message):
-    """Bad input: one line on stderr, exit code 2, no traceback."""
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
 
 
 def union(intervals):
@@ -301,29 +285,26 @@ def render_markdown(entries, out):
     for entry in entries:
         lines += ["", f"## {entry['label']}", "", f"`{entry['path']}`, {entry['device']}.", ""]
         lines += speed_lines(entry)
-        lines += ["", "| phase | " + " | ".join(HEADERS[c] for c in COLUMNS) + " |"]
-        lines.append("|---" * (len(COLUMNS) + 1) + "|")
-        for name, row in list(entry["phases"].items()) + [("**total**", entry["total"])]:
-            lines.append(f"| {name} | " + " | ".join(fmt(row[c], c, entry["cuda"]) for c in COLUMNS) + " |")
-    lines += ["", "## Side by side", "", "| | " + " | ".join(e["label"] for e in entries) + " |"]
-    lines.append("|---" * (len(entries) + 1) + "|")
-    rows = [("fps under the profiler", [f"{profiled_fps(e):.0f}" for e in entries])]
-    rows.append(("fps in the speed record", [f"{e['record']['fps']:.0f}" if e["record"] else "–" for e in entries]))
+        phases = [[name, *(fmt(row[c], c, entry["cuda"]) for c in COLUMNS)]
+                  for name, row in [*entry["phases"].items(), ("**total**", entry["total"])]]  # fmt: skip
+        lines += [""] + markdown_table(["phase", *(HEADERS[c] for c in COLUMNS)], phases)
+    rows = [["fps under the profiler", *(f"{profiled_fps(e):.0f}" for e in entries)]]
+    rows.append(["fps in the speed record", *(f"{e['record']['fps']:.0f}" if e["record"] else "–" for e in entries)])
     for p in PHASES + (OUTSIDE,):
         if any(p in e["phases"] for e in entries):
             walls = [f"{e['phases'][p]['wall']:.0f}" if p in e["phases"] else "–" for e in entries]
-            rows.append((f"{p}, wall", walls))
+            rows.append([f"{p}, wall", *walls])
     for c in COLUMNS:
-        rows.append((f"total, {HEADERS[c]}", [fmt(e["total"][c], c, e["cuda"]) for e in entries]))
-    lines += [f"| {name} | " + " | ".join(values) + " |" for name, values in rows]
-    with open(os.path.join(out, "breakdown.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+        rows.append([f"total, {HEADERS[c]}", *(fmt(e["total"][c], c, e["cuda"]) for e in entries)])
+    lines += ["", "## Side by side", ""] + markdown_table(["", *(e["label"] for e in entries)], rows)
+    write_lines(os.path.join(out, "breakdown.md"), lines)
 
 
 def render_figure(entries, out):
     """One panel per DIR: for each phase a bar of its CPU layers and, beside it, a bar of its GPU time."""
     phase_names = [p for p in PHASES + (OUTSIDE,) if any(p in e["phases"] for e in entries)]
     width = 3.4 + 0.6 * len(phase_names) * len(entries)  # 2.2 inches of it for the legend on the right
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(entries), figsize=(width, 4.5), sharey=True, squeeze=False)
     for ax, entry in zip(axes[0], entries):
         for x, p in enumerate(phase_names):
@@ -343,21 +324,16 @@ def render_figure(entries, out):
     shown = len(names) if any(e["cuda"] for e in entries) else 2
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
     fig.legend(handles[:shown], names[:shown], loc="center right", fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0, 1 - 2.2 / width, 1))
-    fig.savefig(os.path.join(out, "breakdown.png"), dpi=120)
-    plt.close(fig)
+    save_figure(fig, os.path.join(out, "breakdown.png"), rect=(0, 0, 1 - 2.2 / width, 1))
 
 
 def main(argv=None):
-    parser = speed_report.Parser(prog="breakdown.py", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="breakdown.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("dirs", nargs="+", metavar="DIR", help="directories holding *.trace.json from --profile-dir")
     parser.add_argument("--out", required=True, help="directory for breakdown.md and breakdown.png")
     args = parser.parse_args(argv)
     entries = collect(args.dirs)
-    try:
-        os.makedirs(args.out, exist_ok=True)
-    except OSError as e:
-        fail(f"--out {args.out} cannot be made: {e.strerror or e}")
+    writable_folder("--out", args.out)
     render_markdown(entries, args.out)
     render_figure(entries, args.out)
     print(os.path.join(args.out, "breakdown.md"))

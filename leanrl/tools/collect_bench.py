@@ -43,41 +43,52 @@ OUT/collect_bench.jsonl (one record per measurement) and OUT/figure4.png, OUT/fi
 
 import argparse
 import dataclasses
-import datetime
 import functools
-import gc
-import importlib.util
+import importlib
 import json
 import os
-import platform
 import sys
 import tempfile
-import time
 import warnings
 from collections import deque
 from types import SimpleNamespace
 
-# JAX grabs most of the GPU's memory when it starts unless told not to; torch shares the GPU in this process.
+import torch
+from benchkit import (
+    WARMUP_CALLS,
+    Parser,
+    check_measuring_options,
+    collect_variant,
+    collect_warmup_calls,
+    count,
+    cpu_model,
+    fail,
+    load,
+    log_log_panel,
+    markdown_table,
+    measure,
+    pyplot,
+    quiet,
+    save_figure,
+    synchronizer,
+    unless_out_of_memory,
+    utc_date,
+    writable_folder,
+    write_jsonl,
+    write_lines,
+)
+from torch.profiler import ProfilerActivity, profile
+
+from fused_rollout import fused_rollout_unavailable, make_fused_collect
+from torch_classic_control import ENVS, CartPole, Envs
+
+# JAX, imported where a backend needs it, grabs most of the GPU's memory when it starts unless told not to; torch
+# shares the GPU in this process.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
-
-# The script, and the modules it imports from beside it (the harness, the envs, the fused rollout), in leanrl/: on
-# sys.path when the script runs, put there for this tool.
-LEANRL = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if LEANRL not in sys.path:
-    sys.path.insert(0, LEANRL)
-from fused_rollout import fused_rollout_unavailable, make_fused_collect  # noqa: E402
-from harness.run import QUIET_WARNINGS  # noqa: E402
-from torch_classic_control import ENVS, CartPole, Envs  # noqa: E402
-
 SCRIPT_NAME = "ppo_classic_control_gpu_torchcompile"
-SCRIPT_PATH = os.path.join(LEANRL, f"{SCRIPT_NAME}.py")
+# The training script (its main() not run): the networks and the collect being measured.
+script = importlib.import_module(SCRIPT_NAME)
 # Torch backends: (compile, cudagraphs) of the script's make_collect.
 TORCH_MODES = {
     "torch-eager": (False, False),
@@ -96,53 +107,12 @@ CPU_SIMULATORS = ("gymnasium", "envpool")
 DEFAULT_ENVS = [4**i for i in range(11)]  # 2^0 .. 2^20
 DEFAULT_STEPS = [4**i for i in range(6)]  # 2^0 .. 2^10
 DEFAULT_FACTORS = [4**i for i in range(4)]  # 1 .. 64, for S and for C
-# Calls before the timing: the first compiles (jit, torch.compile) and allocates, and torch.compile makes the
-# step index symbolic at its second step, within the first call. CUDA graphs need more: see build_torch.
-WARMUP_CALLS = 2
 # Calls in flight at once for JAX, whose dispatch is asynchronous and allocates a new trajectory per call.
 JAX_IN_FLIGHT = 2
 
 
-def fail(message):
-    """Bad input: one line on stderr, exit code 2, no traceback."""
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # argparse's own errors as the one line too, not usage and a second line
-        fail(message)
-
-
 class Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """--help shows this module's docstring as written, and each option's default."""
-
-
-def load_script():
-    """The training script as a module (its main() not run): the networks and collect being measured."""
-    spec = importlib.util.spec_from_file_location(SCRIPT_NAME, SCRIPT_PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-script = load_script()
-
-
-def count(option):
-    """A count given as 4096 or 2^12, which must be positive."""
-
-    def parse(text):
-        try:
-            base, _, power = text.partition("^")
-            value = int(base) ** int(power) if power else int(base)
-        except ValueError:
-            fail(f"{option} {text!r} is not a whole number (like 4096 or 2^12)")
-        if value <= 0:
-            fail(f"{option} {text} must be positive")
-        return value
-
-    return parse
 
 
 def heavier_cartpole(copies, substeps):
@@ -168,11 +138,8 @@ def unavailable(backend, env_id, device):
         return "CUDA graphs need CUDA"
     if backend == "torch-fused":
         return fused_rollout_unavailable(device.type == "cuda")
-    if backend in OWN_CARTPOLE:
-        try:
-            importlib.import_module(backend)
-        except Exception as e:  # envpool and jax fail to import in more ways than ImportError
-            return f"`import {backend}` failed: {type(e).__name__}: {e}".splitlines()[0]
+    if backend in OWN_CARTPOLE and (import_failed := load(backend)[1]):
+        return import_failed
     if backend == "jax":
         import jax
 
@@ -204,10 +171,6 @@ def seeded(env_id, n, k, device, seed, compile=False, cudagraphs=False):
     return args, envs, agent, policy
 
 
-def torch_sync(device):
-    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-
-
 def build_torch(backend, env_id, n, k, device, seed):
     """The script's collect as its train() sets it up, in the mode the backend names."""
     compile, cudagraphs = TORCH_MODES.get(backend, (False, False))
@@ -217,19 +180,15 @@ def build_torch(backend, env_id, n, k, device, seed):
     args, envs, agent, policy = seeded(env_id, n, k, device, seed, compile, cudagraphs)
     rollout = script.Rollout(k, n, envs.physics.n_obs, device)
     rollout.obs[-1] = envs.observe()
-    warmup = WARMUP_CALLS
     if backend == "torch-fused":  # the first call compiles the Triton kernel
         collect = make_fused_collect(agent.net, envs, rollout)
         variant = "fused_rollout.make_fused_collect"
     else:
         collect = script.make_collect(policy, envs, rollout, args)
-        variant = " ".join([f"{SCRIPT_NAME}.make_collect"] + ["--compile"] * compile + ["--cudagraphs"] * cudagraphs)
-    if cudagraphs:
-        # The graph module's eager calls and its capture (make_collect sets how many; tensordict versions differ
-        # by one in how they count them), then one replay, as the first is slower.
-        warmup = getattr(collect, "_warmup", 3) + 2
-    return SimpleNamespace(collect=collect, sync=torch_sync(device), rollout=rollout, net=agent.net,
-                           warmup_calls=warmup, profiled=True, variant=variant)  # fmt: skip
+        variant = collect_variant(SCRIPT_NAME, compile, cudagraphs)
+    return SimpleNamespace(collect=collect, sync=synchronizer(device), rollout=rollout, net=agent.net,
+                           warmup_calls=collect_warmup_calls(collect, cudagraphs), profiled=True,
+                           variant=variant)  # fmt: skip
 
 
 def make_simulator(backend, n, seed):
@@ -270,7 +229,7 @@ def build_simulator(backend, env_id, n, k, device, seed):
             rollout.obs[t + 1] = torch.as_tensor(next_obs, device=device)
             rollout.dones[t + 1] = torch.as_tensor(terminated | truncated, device=device)
 
-    return SimpleNamespace(collect=collect, sync=torch_sync(device), rollout=rollout, net=agent.net,
+    return SimpleNamespace(collect=collect, sync=synchronizer(device), rollout=rollout, net=agent.net,
                            warmup_calls=WARMUP_CALLS, profiled=True, variant=variant)  # fmt: skip
 
 
@@ -362,21 +321,6 @@ def build(backend, env_id, n, k, device, seed=1):
 # --- measuring ------------------------------------------------------------------------------------------------
 
 
-def measure(bench, min_seconds):
-    """(warm-up seconds, calls, seconds) of the calls repeated until min_seconds have passed, at least one."""
-    start = time.perf_counter()
-    for _ in range(bench.warmup_calls):
-        bench.collect()
-    bench.sync()
-    warmup_seconds = time.perf_counter() - start
-    calls, start = 0, time.perf_counter()
-    while calls == 0 or time.perf_counter() - start < min_seconds:
-        bench.collect()
-        calls += 1
-    bench.sync()
-    return warmup_seconds, calls, time.perf_counter() - start
-
-
 def count_events(events, steps):
     """Per env step, from a trace's complete events: GPU kernels run (a replayed CUDA graph's each count), CUDA
     API launch calls (a graph replay is one), and aten ops called from outside any other aten op."""
@@ -411,21 +355,13 @@ def profile_call(bench, k, device):
     return counts
 
 
-def out_of_memory(e):
-    message = str(e)
-    return (
-        isinstance(e, (torch.OutOfMemoryError, MemoryError))
-        or "RESOURCE_EXHAUSTED" in message
-        or ("out of memory" in message.lower())
-    )
-
-
 def run_one(backend, point, device, args, environment):
     """The record of one backend at one point (N, K, S, C)."""
     n, k, s, c = point
     env_id = heavier_cartpole(s, c) if (s, c) != (1, 1) else args.env_id
     bench = build(backend, env_id, n, k, device, args.seed)
-    warmup_seconds, calls, seconds = measure(bench, args.min_seconds)
+    warmup_seconds, calls, seconds = measure(bench.collect, bench.sync, bench.warmup_calls,
+                                             min_seconds=args.min_seconds)  # fmt: skip
     counts = profile_call(bench, k, device) if bench.profiled and args.kernels else {}
     return {
         "backend": backend,
@@ -447,44 +383,16 @@ def run_one(backend, point, device, args, environment):
     }
 
 
-def run_point(backend, point, device, args, environment):
-    """run_one's record, or None where the device ran out of memory; the memory is freed either way."""
-    try:
-        return run_one(backend, point, device, args, environment)
-    except Exception as e:
-        if not out_of_memory(e):
-            raise
-        return None
-    finally:
-        gc.collect()  # this size's buffers and graphs go before the next is built
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-
-
 def environment_of(device):
     """What a record says about where it ran."""
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-    else:
-        name = platform.processor() or platform.machine()
-        try:
-            with open("/proc/cpuinfo") as f:
-                name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-        except (OSError, StopIteration):
-            pass
-    try:
-        import jax
-
-        jax_version = jax.__version__
-    except Exception:  # as in unavailable(): a broken jax install is no jax
-        jax_version = None
+    jax = load("jax")[0]  # as in unavailable(): a broken jax install is no jax
     return {
         "device": device.type,
-        "device_name": name,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model(),
         "torch": torch.__version__,
-        "jax": jax_version,
+        "jax": jax.__version__ if jax else None,
         "torch_threads": torch.get_num_threads(),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "date": utc_date(),
     }
 
 
@@ -531,28 +439,25 @@ def render_markdown(records, skipped, environment, args):
         "",
         "(S, C: the heavier CartPole's state and compute factors; 1 and 1 is CartPole-v1.)",
         "",
-        "| backend | N | K | S | C | samples/s | calls | warm-up s | kernels per step |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in sorted(records, key=lambda r: (BACKENDS.index(r["backend"]), point_of(r))):
-        lines.append(
-            f"| {r['backend']} | " + " | ".join(map(str, point_of(r))) + f" | {r['samples_per_second']:,.0f} "
-            f"| {r['calls']} | {r['warmup_seconds']:.2f} | {per_step_cell(r)} |"
-        )
+    lines += markdown_table(
+        ["backend", *POINT_NAMES, "samples/s", "calls", "warm-up s", "kernels per step"],
+        [[r["backend"], *point_of(r), f"{r['samples_per_second']:,.0f}", r["calls"], f"{r['warmup_seconds']:.2f}",
+          per_step_cell(r)] for r in sorted(records, key=lambda r: (BACKENDS.index(r["backend"]), point_of(r)))],
+    )  # fmt: skip
     by_key = {(r["backend"], point_of(r)): r["samples_per_second"] for r in records}
     torch_backends = [b for b in TORCH_BACKENDS if any(r["backend"] == b for r in records)]
     points = sorted({p for b, p in by_key if b == "jax" and any((t, p) in by_key for t in torch_backends)})
     if points:
-        lines += ["", "## Torch against JAX (ratio of samples/s)", ""]
-        lines += ["| N | K | S | C | " + " | ".join(f"{b} / jax" for b in torch_backends) + " |"]
-        lines += ["|---|---|---|---|" + "---|" * len(torch_backends)]
+        rows = []
         for point in points:
             ratios = [by_key.get((b, point)) for b in torch_backends]
-            cells = [f"{r / by_key['jax', point]:.2f}" if r else "—" for r in ratios]
-            lines.append("| " + " | ".join(map(str, point)) + " | " + " | ".join(cells) + " |")
+            rows.append([*point, *(f"{r / by_key['jax', point]:.2f}" if r else "—" for r in ratios)])
+        lines += ["", "## Torch against JAX (ratio of samples/s)", ""]
+        lines += markdown_table([*POINT_NAMES, *(f"{b} / jax" for b in torch_backends)], rows)
     if skipped:
         lines += ["", "## Skipped", ""] + [f"- {what}: {why}" for what, why in skipped]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 AXIS_LABELS = {"num_envs": "envs N", "num_steps": "steps per call K", "state_factor": "state factor S",
@@ -562,26 +467,15 @@ AXIS_LABELS = {"num_envs": "envs N", "num_steps": "steps per call K", "state_fac
 def render_figure(records, path, panels, environment):
     """One panel per (x_key, fixed): samples/s against x_key where the other point keys have the values in fixed,
     one line per backend (Figure 4: against num_envs; 8: num_steps; 9: state_factor, then compute_factor)."""
-    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.5), squeeze=False)
+    fig, axes = pyplot().subplots(1, len(panels), figsize=(7 * len(panels), 4.5), squeeze=False)
     for ax, (x_key, fixed) in zip(axes[0], panels):
-        for backend in BACKENDS:
-            points = sorted((r[x_key], r["samples_per_second"]) for r in records if r["backend"] == backend
-                            and all(r[key] == value for key, value in fixed.items()))  # fmt: skip
-            if points:
-                ax.plot(*zip(*points), marker="o", label=backend, color=f"C{BACKENDS.index(backend)}")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel(AXIS_LABELS[x_key])
-        ax.set_ylabel("samples/s")
+        lines = [(backend, f"C{i}", [(r[x_key], r["samples_per_second"]) for r in records if r["backend"] == backend
+                                    and all(r[key] == value for key, value in fixed.items())])
+                 for i, backend in enumerate(BACKENDS)]  # fmt: skip
         at = ", ".join(f"{name} = {fixed[key]}" for key, name in zip(POINT_KEYS, POINT_NAMES) if key in fixed)
-        ax.set_title(f"samples/s against {AXIS_LABELS[x_key]} at {at}", fontsize=10)
-        ax.grid(True, which="major", alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=8)
+        log_log_panel(ax, lines, AXIS_LABELS[x_key], "samples/s", f"samples/s against {AXIS_LABELS[x_key]} at {at}")
     fig.suptitle(environment["device_name"], fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 # --- the command line -----------------------------------------------------------------------------------------
@@ -630,23 +524,8 @@ def parse_args(argv):
     for factor in args.state_factors:
         if factor & (factor - 1):
             fail(f"--state-factors {factor} is not a power of two (the fused kernel holds the carts as a tile)")
-    if not args.min_seconds >= 0:
-        fail(f"--min-seconds {args.min_seconds} must be 0 or more")
-    if args.torch_threads < 0:
-        fail(f"--torch-threads {args.torch_threads} must be 0 (torch's default) or positive")
-    try:
-        args.device = torch.device(args.device)
-    except RuntimeError as e:
-        fail(f"--device {args.device!r}: {e}")
-    if args.device.type not in ("cpu", "cuda"):
-        fail(f"--device {args.device} is neither cpu nor cuda")
-    if args.device.type == "cuda" and not torch.cuda.is_available():
-        fail("--device cuda, but CUDA is not available")
-    try:
-        os.makedirs(args.out, exist_ok=True)
-        tempfile.TemporaryFile(dir=args.out).close()
-    except OSError as e:
-        fail(f"--out {args.out} cannot be written: {e.strerror or e}")
+    check_measuring_options(args)
+    writable_folder("--out", args.out)
     return args
 
 
@@ -668,10 +547,8 @@ def sweep_points(args):
 
 def write_outputs(records, skipped, environment, args, figures=True):
     """The table, the records and (slower to draw) the figures of what is measured so far."""
-    with open(os.path.join(args.out, "collect_bench.md"), "w") as f:
-        f.write(render_markdown(records, skipped, environment, args))
-    with open(os.path.join(args.out, "collect_bench.jsonl"), "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
+    write_lines(os.path.join(args.out, "collect_bench.md"), render_markdown(records, skipped, environment, args))
+    write_jsonl(os.path.join(args.out, "collect_bench.jsonl"), records)
     if not figures:
         return
     plain = {"state_factor": 1, "compute_factor": 1}
@@ -692,8 +569,7 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
-    for message in QUIET_WARNINGS:
-        warnings.filterwarnings("ignore", message)
+    quiet()
     device, environment = args.device, environment_of(args.device)
     records, skipped = [], []
     try:
@@ -709,7 +585,7 @@ def main(argv=None):
                     print(f"skipped {where}: no heavier CartPole", flush=True)
                     skipped.append((where, "no heavier CartPole"))
                     continue
-                record = run_point(backend, point, device, args, environment)
+                record = unless_out_of_memory(lambda: run_one(backend, point, device, args, environment), device)
                 if record is None:
                     print(f"skipped {where}: out of memory", flush=True)
                     skipped.append((where, "out of memory"))

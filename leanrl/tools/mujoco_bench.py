@@ -8,9 +8,10 @@ device, alone and inside the rollout of the training script (docs/gpu_mujoco.md,
     warp       MuJoCo Warp's physics alone: the Envs of leanrl/mujoco_warp_envs.py, K calls of its simulate() (on
                CUDA: one Warp graph of the frame-skip MuJoCo steps, launched on torch's stream) with controls drawn
                once; no reward, observation, reset or policy
-    rollout    ppo_continuous_action_gpu_mujoco_torchcompile.py's collect(): K steps of the policy (sampling), Warp's physics, reward, resets,
-               normalisation and storage, as its train() builds them, in each of --modes: eager, compile,
-               cudagraphs (one CUDA graph per call; CUDA only), compile+cudagraphs (the script's fastest)
+    rollout    ppo_continuous_action_gpu_mujoco_torchcompile.py's collect(): K steps of the policy (sampling),
+               Warp's physics, reward, resets, normalisation and storage, as its train() builds them, in each of
+               --modes: eager, compile, cudagraphs (one CUDA graph per call; CUDA only), compile+cudagraphs (the
+               script's fastest)
 
 A call is K env steps of N envs; env steps/s = N*K*calls/seconds over the timed calls (at least --calls, repeated
 until --min-seconds), synchronised at the end; the warm-up calls (kernel loads, compilation, graph capture) before
@@ -41,71 +42,46 @@ line per backend (and mode). Bad input: one line on stderr, exit code 2.
 """
 
 import argparse
-import datetime
-import functools
-import gc
-import importlib
 import importlib.metadata
 import json
-import logging
 import os
 import sys
-import tempfile
-import time
-import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import torch
+from benchkit import (
+    WARMUP_CALLS,
+    Parser,
+    check_measuring_options,
+    collect_variant,
+    collect_warmup_calls,
+    count,
+    fail,
+    load,
+    log_log_panel,
+    markdown_table,
+    measure,
+    pyplot,
+    quiet,
+    save_figure,
+    synchronizer,
+    unless_out_of_memory,
+    utc_date,
+    writable_folder,
+    write_jsonl,
+    write_lines,
+)
 
 BACKENDS = ("gymnasium", "envpool", "warp", "rollout")
 # The rollout's modes: (--compile, --cudagraphs) of the script.
 MODES = {"eager": (False, False), "compile": (True, False), "cudagraphs": (False, True),
          "compile+cudagraphs": (True, True)}  # fmt: skip
-# The rollout's script and the MuJoCo Warp envs, imported from leanrl/ as the script imports the envs and harness.
+# The rollout's script and the MuJoCo Warp envs, in leanrl/: loaded where they import (they need warp).
 SCRIPT_NAME, ENVS_MODULE = "ppo_continuous_action_gpu_mujoco_torchcompile", "mujoco_warp_envs"
-LEANRL = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if LEANRL not in sys.path:
-    sys.path.insert(0, LEANRL)
 DEFAULT_ENV_ID = "HalfCheetah-v5"
 DEFAULT_ENVS = {"cuda": [2**i for i in range(6, 17)], "cpu": [1, 4, 16]}
-WARMUP_CALLS = 2
 VERSIONS = ("mujoco", "warp-lang", "mujoco-warp", "envpool", "gymnasium")
-
-
-def fail(message):
-    """Bad input: one line on stderr, exit code 2, no traceback."""
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # argparse's own errors as the one line too
-        fail(message)
-
-
-def positive(option):
-    """A count given as 4096 or 2^12, which must be positive."""
-
-    def parse(text):
-        try:
-            base, _, power = text.partition("^")
-            value = int(base) ** int(power) if power else int(base)
-        except ValueError:
-            fail(f"{option} {text!r} is not a whole number (like 4096 or 2^12)")
-        if value <= 0:
-            fail(f"{option} {text} must be positive")
-        return value
-
-    return parse
-
-
-@functools.cache
-def load(name):
-    """(leanrl/<name>.py as a module, a script's main() not run; or None, and why it does not load)."""
-    try:
-        return importlib.import_module(name), None
-    except Exception as e:  # warp and mujoco_warp fail to import in more ways than ImportError
-        return None, f"{name}.py does not load: {type(e).__name__}: {e}".splitlines()[0]
 
 
 def envpool_id(env_id):
@@ -117,10 +93,9 @@ def unavailable(backend, n, device, env_id=DEFAULT_ENV_ID, mode=None):
     if backend == "gymnasium" and n > (os.cpu_count() or 1):
         return f"one process per env, and {n} envs are more than the {os.cpu_count()} cores"
     if backend == "envpool":
-        try:
-            import envpool
-        except Exception as e:  # it fails to import in more ways than ImportError
-            return f"`import envpool` failed: {type(e).__name__}: {e}".splitlines()[0]
+        envpool, import_failed = load("envpool")
+        if import_failed:
+            return import_failed
         if envpool_id(env_id) not in envpool.list_all_envs():
             return f"envpool has no {envpool_id(env_id)}"
     if backend in ("warp", "rollout"):
@@ -130,8 +105,11 @@ def unavailable(backend, n, device, env_id=DEFAULT_ENV_ID, mode=None):
     return None
 
 
-def cpu_simulator(backend, n, env_id, seed):
-    """(call(k): k env steps of n envs on the CPU under random actions, close, what runs)."""
+# --- one backend at one N: a namespace with collect() (one call of K env steps), sync(), close(), its warm-up ------
+
+
+def cpu_simulator(backend, n, k, env_id, seed):
+    """gymnasium's or envpool's envs of env_id on the CPU, stepped under uniform random actions."""
     rng = np.random.default_rng(seed)
     if backend == "envpool":
         import envpool
@@ -148,28 +126,30 @@ def cpu_simulator(backend, n, env_id, seed):
         variant = f"gymnasium {gym.__version__} {env_id} {vectorization}"
     low, high = envs.single_action_space.low, envs.single_action_space.high
 
-    def call(k):
+    def collect():
         for _ in range(k):
             envs.step(rng.uniform(low, high, size=(n, len(low))).astype(np.float32))
 
-    return call, envs.close, variant
+    return SimpleNamespace(collect=collect, sync=lambda: None, close=envs.close, warmup_calls=WARMUP_CALLS,
+                           variant=variant, runs_on="cpu")  # fmt: skip
 
 
-def warp_physics(n, env_id, device, seed):
-    """(call(k): k env steps of Warp's physics alone, Envs.simulate, under fixed random controls)."""
+def warp_physics(n, k, env_id, device, seed):
+    """Warp's physics alone, Envs.simulate, under fixed random controls."""
     torch.manual_seed(seed)
     envs = load(ENVS_MODULE)[0].Envs(env_id, n, 0.99, device)  # gamma: the reward's normalisation, not measured
     envs.ctrl.copy_(envs.low + (envs.high - envs.low) * torch.rand(envs.ctrl.shape, device=device))
 
-    def call(k):
+    def collect():
         for _ in range(k):
             envs.simulate()
 
-    return call
+    return SimpleNamespace(collect=collect, sync=synchronizer(device), close=lambda: None, warmup_calls=WARMUP_CALLS,
+                           variant=f"{ENVS_MODULE}.Envs.simulate", runs_on=device.type)  # fmt: skip
 
 
 def rollout_collect(n, k, env_id, mode, device, seed):
-    """(call(k): the script's collect() of k steps as its train() builds it in the mode, the warm-up calls it needs)."""
+    """The script's collect() of k steps as its train() builds it, in the mode."""
     script = load(SCRIPT_NAME)[0]
     compile, cudagraphs = MODES[mode]
     # Each N compiles afresh, as the script would: dynamo would otherwise recompile the policy for a dynamic N.
@@ -183,50 +163,52 @@ def rollout_collect(n, k, env_id, mode, device, seed):
     rollout = script.Rollout(k, n, n_obs, n_act, device)
     rollout.obs[-1], rollout.dones[-1] = envs.obs, envs.done
     collect = script.make_collect(agent, policy, envs, rollout, args)
-    # A captured collect: its eager calls and its capture (CudaGraphModule's warmup), then one replay, as the first
-    # is slower.
-    warmup_calls = collect._warmup + 2 if cudagraphs else WARMUP_CALLS
-    return lambda k: collect(), warmup_calls
+    return SimpleNamespace(collect=collect, sync=synchronizer(device), close=lambda: None,
+                           warmup_calls=collect_warmup_calls(collect, cudagraphs),
+                           variant=collect_variant(SCRIPT_NAME, compile, cudagraphs), runs_on=device.type)  # fmt: skip
 
 
-def measure(call, k, device, calls, min_seconds, warmup_calls=WARMUP_CALLS):
-    """(warm-up seconds, timed calls, seconds): warmup_calls calls, then at least `calls` calls of K env steps,
-    repeated until min_seconds have passed."""
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    t = time.perf_counter()
-    for _ in range(warmup_calls):
-        call(k)
-    sync()
-    warmup = time.perf_counter() - t
-    done, t = 0, time.perf_counter()
-    while done < calls or time.perf_counter() - t < min_seconds:
-        call(k)
-        done += 1
-    sync()
-    return warmup, done, time.perf_counter() - t
+def build(backend, mode, n, device, args):
+    """A backend (in a mode) at n envs, its calls of --steps env steps."""
+    if backend in ("gymnasium", "envpool"):
+        return cpu_simulator(backend, n, args.steps, args.env_id, args.seed)
+    if backend == "warp":
+        return warp_physics(n, args.steps, args.env_id, device, args.seed)
+    return rollout_collect(n, args.steps, args.env_id, mode, device, args.seed)
 
 
 def run_one(backend, mode, n, device, args, environment):
     """The record of one backend (in a mode) at n envs."""
-    close, warmup_calls, runs_on = (lambda: None), WARMUP_CALLS, device.type
-    if backend in ("gymnasium", "envpool"):
-        call, close, variant = cpu_simulator(backend, n, args.env_id, args.seed)
-        runs_on = "cpu"
-    elif backend == "warp":
-        call, variant = warp_physics(n, args.env_id, device, args.seed), f"{ENVS_MODULE}.Envs.simulate"
-    else:
-        call, warmup_calls = rollout_collect(n, args.steps, args.env_id, mode, device, args.seed)
-        flags = [flag for flag, on in zip(("--compile", "--cudagraphs"), MODES[mode]) if on]
-        variant = " ".join([f"{SCRIPT_NAME}.make_collect", *flags])
+    bench = build(backend, mode, n, device, args)
     try:
-        warmup, calls, seconds = measure(call, args.steps, device, args.calls, args.min_seconds, warmup_calls)
+        warmup, calls, seconds = measure(bench.collect, bench.sync, bench.warmup_calls, args.calls, args.min_seconds)
     finally:
-        close()
+        bench.close()
     steps = n * args.steps * calls
-    return {"backend": backend, "mode": mode, "variant": variant, "env_id": args.env_id, "num_envs": n,
+    return {"backend": backend, "mode": mode, "variant": bench.variant, "env_id": args.env_id, "num_envs": n,
             "steps_per_call": args.steps, "calls": calls, "seconds": seconds, "env_steps_per_second": steps / seconds,
-            "runs_on": runs_on, "warmup_calls": warmup_calls, "warmup_seconds": round(warmup, 3),
+            "runs_on": bench.runs_on, "warmup_calls": bench.warmup_calls, "warmup_seconds": round(warmup, 3),
             **environment}  # fmt: skip
+
+
+def environment_of(device):
+    """What a record says about where it ran."""
+    versions = {}
+    for package in VERSIONS:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    return {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        **versions,
+        "date": utc_date(),
+    }
+
+
+# --- reporting ------------------------------------------------------------------------------------------------
 
 
 def label(record, env=False):
@@ -247,10 +229,10 @@ def render_markdown(records, skipped):
     )  # fmt: skip
     env_ids = sorted({r["env_id"] for r in records})
     rows = [
-        f"| {label(r, len(env_ids) > 1)} | {r['num_envs']} | {r['env_steps_per_second']:,.0f} | "
-        f"{r['calls']} of {r['steps_per_call']} | {r['warmup_seconds']:.2f} | {r.get('variant', '')} |"
+        [label(r, len(env_ids) > 1), r["num_envs"], f"{r['env_steps_per_second']:,.0f}",
+         f"{r['calls']} of {r['steps_per_call']}", f"{r['warmup_seconds']:.2f}", r.get("variant", "")]
         for r in sorted(records, key=lambda r: (line_key(r), r["env_id"], r["num_envs"]))
-    ]
+    ]  # fmt: skip
     lines = [
         f"# {', '.join(env_ids)}: env steps per second",
         "",
@@ -259,65 +241,44 @@ def render_markdown(records, skipped):
         "Each env step is the env's frame skip of MuJoCo steps; random actions; env steps/s = N*K*calls/seconds "
         "over the timed calls of K env steps, after the warm-up calls (their seconds apart).",
         "",
-        "| backend | N | env steps/s | calls of K | warm-up s | what runs |",
-        "|---|---|---|---|---|---|",
-        *rows,
+        *markdown_table(["backend", "N", "env steps/s", "calls of K", "warm-up s", "what runs"], rows),
     ]
     physics = {(r["env_id"], r["num_envs"]): r["env_steps_per_second"] for r in records if r["backend"] == "warp"}
     rollouts = [r for r in records if r["backend"] == "rollout" and (r["env_id"], r["num_envs"]) in physics]
     if rollouts:
         modes = [m for m in MODES if any(r["mode"] == m for r in rollouts)]
         rates = {(r["env_id"], r["num_envs"], r["mode"]): r["env_steps_per_second"] for r in rollouts}
-        lines += ["", "Physics alone (warp) over the rollout, env steps/s: how much the rest of the rollout costs.", ""]
-        lines += ["| env | N | " + " | ".join(modes) + " |", "|---|---|" + "---|" * len(modes)]
+        ratios = []
         for env_id, n in sorted({(r["env_id"], r["num_envs"]) for r in rollouts}):
             cells = [f"{physics[env_id, n] / rates[env_id, n, m]:.2f}" if (env_id, n, m) in rates else "—"
                      for m in modes]  # fmt: skip
-            lines.append(f"| {env_id} | {n} | " + " | ".join(cells) + " |")
+            ratios.append([env_id, n, *cells])
+        lines += ["", "Physics alone (warp) over the rollout, env steps/s: how much the rest of the rollout costs.", ""]
+        lines += markdown_table(["env", "N", *modes], ratios)
     if skipped:
-        lines += ["", "Skipped:", "", *(f"- {s}" for s in skipped)]
-    return "\n".join(lines) + "\n"
+        lines += ["", "Skipped:", "", *(f"- {what}: {why}" for what, why in skipped)]
+    return lines
 
 
 def render_figure(records, path):
     """Env steps/s against N, log-log, one line per backend (and mode; and env, where there are several)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     env_ids = sorted({r["env_id"] for r in records})
     lines = {}
     for r in sorted(records, key=line_key):
         lines.setdefault(label(r, len(env_ids) > 1), []).append((r["num_envs"], r["env_steps_per_second"]))
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for i, (name, points) in enumerate(lines.items()):
-        ax.plot(*zip(*sorted(points)), marker="o", label=name, color=f"C{i}")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("envs N")
-    ax.set_ylabel("env steps/s")
+    fig, ax = pyplot().subplots(figsize=(8, 5))
     devices = ", ".join(dict.fromkeys(r["device"] for r in records))
-    ax.set_title(f"{', '.join(env_ids)} env steps/s against N ({devices})", fontsize=10)
-    ax.grid(True, which="major", alpha=0.3)
-    if ax.lines:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=120)
-    finally:
-        plt.close(fig)
+    log_log_panel(ax, [(name, f"C{i}", points) for i, (name, points) in enumerate(lines.items())], "envs N",
+                  "env steps/s", f"{', '.join(env_ids)} env steps/s against N ({devices})")  # fmt: skip
+    save_figure(fig, path)
 
 
-def write_outputs(records, skipped, args):
-    with open(os.path.join(args.out, "mujoco_bench.md"), "w") as f:
-        f.write(render_markdown(records, skipped))
-    with open(os.path.join(args.out, "mujoco_bench.jsonl"), "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
-    if args.figure:
+def write_outputs(records, skipped, args, figure=True):
+    """The table, the records and (slower to draw) the figure of what is measured so far."""
+    write_lines(os.path.join(args.out, "mujoco_bench.md"), render_markdown(records, skipped))
+    write_jsonl(os.path.join(args.out, "mujoco_bench.jsonl"), records)
+    if figure and args.figure:
         render_figure(records, args.figure)
-    written = ["mujoco_bench.md", "mujoco_bench.jsonl"] + [args.figure] * bool(args.figure)
-    print(f"wrote {args.out}/{written[0]}, {', '.join(written[1:])}", file=sys.stderr)
 
 
 def read_records(paths):
@@ -342,10 +303,10 @@ def read_records(paths):
 
 def parse_args(argv):
     parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--envs", nargs="+", type=positive("--envs"),
+    parser.add_argument("--envs", nargs="+", type=count("--envs"),
                         help="N, as 4096 or 2^12 (default: 2^6 .. 2^16 on CUDA, 1 4 16 on the CPU)")  # fmt: skip
-    parser.add_argument("--steps", type=positive("--steps"), default=16, help="env steps per call, K")
-    parser.add_argument("--calls", type=positive("--calls"), default=5, help="timed calls after the warm-up, at least")
+    parser.add_argument("--steps", type=count("--steps"), default=16, help="env steps per call, K")
+    parser.add_argument("--calls", type=count("--calls"), default=5, help="timed calls after the warm-up, at least")
     parser.add_argument("--min-seconds", type=float, default=0.0, help="timed calls repeat until this long")
     parser.add_argument("--backends", nargs="+", default=list(BACKENDS), help=f"any of {', '.join(BACKENDS)}")
     parser.add_argument("--modes", nargs="+", default=list(MODES), help=f"the rollout's: any of {', '.join(MODES)}")
@@ -364,28 +325,13 @@ def parse_args(argv):
         for value in values:
             if value not in known:
                 fail(f"unknown {option} {value!r}: one of {', '.join(known)}")
-    if not args.min_seconds >= 0:
-        fail(f"--min-seconds {args.min_seconds} must be 0 or more")
-    if args.torch_threads < 0:
-        fail(f"--torch-threads {args.torch_threads} must be 0 (torch's default) or positive")
-    try:
-        args.device = torch.device(args.device)
-    except RuntimeError as e:
-        fail(f"--device {args.device!r}: {str(e).splitlines()[0]}")
-    if args.device.type not in ("cpu", "cuda"):
-        fail(f"--device {args.device} is neither cpu nor cuda")
-    if args.device.type == "cuda" and not torch.cuda.is_available():
-        fail("--device cuda, but CUDA is not available")
+    check_measuring_options(args)
     args.envs = args.envs or DEFAULT_ENVS[args.device.type]
     if args.figure and not args.figure.lower().endswith(".png"):
         fail(f"--figure {args.figure} is not a .png file")
-    folders = [("--out", args.out)] + ([("--figure", os.path.dirname(args.figure) or ".")] if args.figure else [])
-    for option, folder in folders:
-        try:
-            os.makedirs(folder, exist_ok=True)
-            tempfile.TemporaryFile(dir=folder).close()
-        except OSError as e:
-            fail(f"{option} {folder} cannot be written: {e.strerror or e}")
+    writable_folder("--out", args.out)
+    if args.figure:
+        writable_folder("--figure", os.path.dirname(args.figure) or ".")
     if not args.from_records:
         # The MuJoCo Warp envs, where they load (they need warp); else gymnasium's MuJoCo envs, for its simulators.
         envs = load(ENVS_MODULE)[0]
@@ -399,30 +345,41 @@ def parse_args(argv):
     return args
 
 
-def environment_of(device):
-    """What a record says about where it ran."""
-    versions = {}
-    for package in VERSIONS:
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            versions[package] = None
-    return {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        **versions,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
+def measure_all(args):
+    """The records of every backend (and mode) at every N that runs here; the outputs are written after each and
+    at the end."""
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    device, environment = args.device, environment_of(args.device)
+    records, skipped = [], []
 
+    def skip(what, why):
+        skipped.append((what, why))
+        print(f"skipped {what}: {why}", file=sys.stderr, flush=True)
 
-def quiet():
-    """What the harness sets before a script's train(): the notes that are not the user's concern silenced."""
-    run = load("harness.run")[0]
-    for message in run.QUIET_WARNINGS if run else ():
-        warnings.filterwarnings("ignore", message)
-    logging.getLogger("tensordict").setLevel(logging.WARNING)  # its INFO lines on each graph capture
-    logging.getLogger("torch._dynamo.variables.ctx_manager").setLevel(logging.ERROR)
+    runs = [(b, m, n) for b in args.backends for m in (args.modes if b == "rollout" else [None]) for n in args.envs]
+    try:
+        for backend, mode, n in runs:
+            what = f"{backend}{f' ({mode})' if mode else ''} (N={n})"
+            reason = unavailable(backend, n, device, args.env_id, mode)
+            if reason:
+                skip(what, reason)
+                continue
+            if backend in ("warp", "rollout"):
+                quiet()
+            record = unless_out_of_memory(lambda: run_one(backend, mode, n, device, args, environment), device)
+            if record is None:
+                skip(what, "out of memory")
+            else:
+                records.append(record)
+                print(f"{what}: {record['env_steps_per_second']:,.0f} env steps/s ({record['calls']} calls in "
+                      f"{record['seconds']:.2f} s, warm-up {record['warmup_seconds']:.2f} s)", file=sys.stderr,
+                      flush=True)  # fmt: skip
+            # A sweep cut short, even killed, keeps the table and the records of what it measured.
+            write_outputs(records, skipped, args, figure=False)
+    finally:
+        write_outputs(records, skipped, args)
+    return records
 
 
 def main(argv=None):
@@ -431,44 +388,16 @@ def main(argv=None):
     if args.from_records:
         records = read_records(args.from_records)
         write_outputs(records, [], args)
-        return records
-    if args.torch_threads:
-        torch.set_num_threads(args.torch_threads)
-    device, environment = args.device, environment_of(args.device)
-    records, skipped = [], []
-    open(os.path.join(args.out, "mujoco_bench.jsonl"), "w").close()
-    try:
-        for backend in args.backends:
-            for mode in args.modes if backend == "rollout" else [None]:
-                for n in args.envs:
-                    what = f"{backend}{f' ({mode})' if mode else ''} (N={n})"
-                    reason = unavailable(backend, n, device, args.env_id, mode)
-                    if reason:
-                        skipped.append(f"{what}: {reason}")
-                        print(f"skipped {skipped[-1]}", file=sys.stderr, flush=True)
-                        continue
-                    if backend in ("warp", "rollout"):
-                        quiet()
-                    try:
-                        records.append(run_one(backend, mode, n, device, args, environment))
-                    except torch.OutOfMemoryError:
-                        skipped.append(f"{what}: out of memory")
-                        print(f"skipped {skipped[-1]}", file=sys.stderr, flush=True)
-                        continue
-                    finally:
-                        gc.collect()  # this size's envs, graphs and buffers go before the next is built
-                        if device.type == "cuda":
-                            torch.cuda.empty_cache()
-                    r = records[-1]
-                    print(f"{what}: {r['env_steps_per_second']:,.0f} env steps/s ({r['calls']} calls in "
-                          f"{r['seconds']:.2f} s, warm-up {r['warmup_seconds']:.2f} s)", file=sys.stderr,
-                          flush=True)  # fmt: skip
-                    with open(os.path.join(args.out, "mujoco_bench.jsonl"), "a") as f:
-                        f.write(json.dumps(r) + "\n")
-    finally:  # what was measured is written, also when a size fails
-        write_outputs(records, skipped, args)
+    else:
+        records = measure_all(args)
+    written = ["mujoco_bench.md", "mujoco_bench.jsonl"] + [args.figure] * bool(args.figure)
+    print(f"wrote {args.out}/{written[0]}, {', '.join(written[1:])}", file=sys.stderr)
     return records
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # main() has written what it measured
+        print("interrupted: the outputs hold what was measured before", file=sys.stderr)
+        sys.exit(130)

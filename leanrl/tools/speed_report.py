@@ -26,6 +26,8 @@ import sys
 import time
 from collections import defaultdict
 
+from benchkit import Parser, cpu_model, fail, markdown_table, pyplot, save_figure, write_lines
+
 # Column order and titles; "eager" is a compiled script run without flags.
 MODES = {
     "baseline": "baseline",
@@ -43,19 +45,6 @@ MARKS = ("short", "interrupted", "failed", "missing")
 
 class RecordError(Exception):
     """Records that cannot be read; the command line turns it into one error line."""
-
-
-def fail(message):
-    """Bad input: one line on stderr, exit code 2, no traceback."""
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse whose usage errors follow the one-line error rule."""
-
-    def error(self, message):
-        fail(f"{message} (see {self.prog} --help)")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -172,19 +161,6 @@ def print_done(directory):
     for record in read_runs(directory, required=False):
         if is_ok(record):
             print(run_name(*run_key(record)))
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or ""
 
 
 def append(directory, side, script, mode, seed, log, exit_code):
@@ -323,12 +299,10 @@ def render_markdown(directory, records, table, missing):
         "Steady-state fps (env steps per second after warm-up): median over seeds, (min–max) when there are "
         "several. Speed-up: the best mode over the baseline script.",
         "",
-        "| algorithm | " + " | ".join(MODES.values()) + " | speed-up |",
-        "|---" * (len(MODES) + 2) + "|",
     ]
-    for algo in sorted(table):
-        cells = [cell_text(table[algo][m]) if m in table[algo] else "–" for m in MODES]
-        lines.append(f"| {algo} | " + " | ".join(cells) + f" | {speedup_text(table[algo])} |")
+    rows = [[algo, *(cell_text(table[algo][m]) if m in table[algo] else "–" for m in MODES), speedup_text(table[algo])]
+            for algo in sorted(table)]  # fmt: skip
+    lines += markdown_table(["algorithm", *MODES.values(), "speed-up"], rows)
     cells = [c for modes in table.values() for c in modes.values()]
     notes = []
     if any(c["short_fps"] for c in cells):
@@ -343,36 +317,23 @@ def render_markdown(directory, records, table, missing):
     for note in notes:
         lines += ["", note]
     if failed:
-        lines += ["", "## Failed runs", "", "| script | mode | seed | exit code | log |", "|---|---|---|---|---|"]
-        for r in failed:
-            lines.append(f"| {r['script']} | {r['mode']} | {r.get('seed', '?')} | {r.get('exit_code', '?')} | "
-                         f"{r.get('log', '?')} |")  # fmt: skip
+        rows = [[r.get(key, "?") for key in ("script", "mode", "seed", "exit_code", "log")] for r in failed]
+        lines += ["", "## Failed runs", ""] + markdown_table(["script", "mode", "seed", "exit code", "log"], rows)
     if interrupted:
         lines += ["", "## Interrupted runs", "", "Stopped by Ctrl-C; each record covers the steps done. Rerun "
-                  f"`./run.sh --out {directory}` with the same options to run them again.", "",
-                  "| script | mode | seed | steps done | fps | log |", "|---|---|---|---|---|---|"]  # fmt: skip
+                  f"`./run.sh --out {directory}` with the same options to run them again.", ""]  # fmt: skip
+        rows = []
         for r in interrupted:
             fps = "–" if r.get("fps") is None else f"{r['fps']:.0f}" + ("" if is_steady(r) else " (short)")
-            lines.append(f"| {r['script']} | {r['mode']} | {r.get('seed', '?')} | {r.get('total_timesteps', '?')} | "
-                         f"{fps} | {r.get('log', '?')} |")  # fmt: skip
+            rows.append([r["script"], r["mode"], r.get("seed", "?"), r.get("total_timesteps", "?"), fps,
+                         r.get("log", "?")])  # fmt: skip
+        lines += markdown_table(["script", "mode", "seed", "steps done", "fps", "log"], rows)
     if missing:
         lines += ["", "## Missing runs", "", f"Planned by run.sh ({PLAN}) but never recorded. Rerun "
-                  f"`./run.sh --out {directory}` with the same options to run them.", "",
-                  "| script | mode | seed |", "|---|---|---|"]  # fmt: skip
-        lines += [f"| {script} | {mode} | {seed} |" for script, mode, seed in missing]
+                  f"`./run.sh --out {directory}` with the same options to run them.", ""]  # fmt: skip
+        lines += markdown_table(["script", "mode", "seed"], missing)
     lines += ["", "![fps per mode](fps.png)", "", "![episodic return against wall-clock time](returns.png)"]
-    with open(os.path.join(directory, "speed.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-
-
-def pyplot():
-    """matplotlib, imported only to render: done and append start fast."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    write_lines(os.path.join(directory, "speed.md"), lines)
 
 
 def render_fps(directory, table):
@@ -398,9 +359,7 @@ def render_fps(directory, table):
             ax.set_yticks([])
         ax.set_title(algo, fontsize=9)
     axes[0][0].set_ylabel("fps (median over seeds)")
-    fig.tight_layout()
-    fig.savefig(os.path.join(directory, "fps.png"), dpi=120)
-    plt.close(fig)
+    save_figure(fig, os.path.join(directory, "fps.png"))
 
 
 def render_returns(directory, table):
@@ -422,9 +381,7 @@ def render_returns(directory, table):
         ax.set_title(algo, fontsize=9)
         ax.set_xlabel("seconds since start")
     axes[0][0].set_ylabel("episodic return")
-    fig.tight_layout()
-    fig.savefig(os.path.join(directory, "returns.png"), dpi=120)
-    plt.close(fig)
+    save_figure(fig, os.path.join(directory, "returns.png"))
 
 
 def render(directory):

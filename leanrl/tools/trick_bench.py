@@ -10,23 +10,14 @@ the figure is what the trick saves before torch.compile and CUDA graphs change t
 effect on a script follows from the calls per env step (docs/tricks.md).
 """
 
-import argparse
-import sys
-import time
-
 import envpool
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from benchkit import Parser, count, markdown_table, measure, synchronizer, torch_device, write_lines
 
 N_OBS, N_ACT, HIDDEN, BATCH, BUFFER, TAU = 17, 6, 256, 256, 100_000, 0.005
-
-
-def fail(message):
-    """Bad input: one line on stderr, exit code 2, no traceback."""
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
 
 
 def mlp(n_in, n_out, device):
@@ -228,52 +219,32 @@ TRICKS = {
 
 
 def per_call_us(fn, iters, device):
-    for _ in range(min(20, iters)):
-        fn()
-    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
-    sync()
-    t = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    sync()
-    return (time.perf_counter() - t) / iters * 1e6
+    """Microseconds per call of fn over iters calls, after up to 20 calls of warm-up."""
+    _, _, seconds = measure(fn, synchronizer(device), min(20, iters), min_calls=iters)
+    return seconds / iters * 1e6
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--iters", type=int, default=2000, help="timed calls per side")
+    parser.add_argument("--iters", type=count("--iters"), default=2000, help="timed calls per side")
     parser.add_argument("--out", help="also write the table to this markdown file")
     args = parser.parse_args(argv)
-    if args.iters < 1:
-        fail(f"--iters must be positive, got {args.iters}")
-    try:
-        device = torch.device(args.device)
-    except RuntimeError as e:
-        fail(f"bad --device {args.device!r}: {e}")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        fail("--device cuda, but CUDA is not available")
+    device = torch_device(args.device)
     torch.manual_seed(0)
 
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    lines = [
-        f"Eager, {name}, torch {torch.__version__}, {args.iters} calls per side, µs per call.",
-        "",
-        "| trick | before | after | saved per call |",
-        "|---|---|---|---|",
-    ]
     rows = {}
     for trick, build in TRICKS.items():
         before, after, results = build(device)
         check_same(trick, results(before), results(after))
-        b, a = per_call_us(before, args.iters, device), per_call_us(after, args.iters, device)
-        rows[trick] = (b, a)
-        lines.append(f"| {trick} | {b:.1f} | {a:.1f} | {b - a:.1f} |")
-    text = "\n".join(lines)
-    print(text)
+        rows[trick] = per_call_us(before, args.iters, device), per_call_us(after, args.iters, device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    lines = [f"Eager, {name}, torch {torch.__version__}, {args.iters} calls per side, µs per call.", ""]
+    cells = [[trick, f"{b:.1f}", f"{a:.1f}", f"{b - a:.1f}"] for trick, (b, a) in rows.items()]
+    lines += markdown_table(["trick", "before", "after", "saved per call"], cells)
+    print("\n".join(lines))
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+        write_lines(args.out, lines)
     return rows
 
 
