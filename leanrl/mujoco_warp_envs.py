@@ -130,7 +130,11 @@ def start_warp(device):
     wp.config.log_level = wp.LOG_WARNING
     with stderr_without(NO_CUDA_DRIVER):
         wp.init()
-    wp.set_device(str(device))  # "cuda": the current CUDA device, as torch's
+    # torch's current CUDA device by its index (under torchrun each rank's own): Warp's "cuda" is that of whatever
+    # CUDA context is current on the thread
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    wp.set_device(str(device))
 
 
 class Envs:

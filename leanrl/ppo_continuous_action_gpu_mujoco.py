@@ -1,18 +1,33 @@
 # PPO for continuous actions (CleanRL's ppo_continuous_action.py) on batched MuJoCo envs simulated with MuJoCo Warp on
-# the device that torch uses, in eager PyTorch. Docs: docs/gpu_mujoco.md
+# the device that torch uses, in eager PyTorch; data-parallel under torchrun. Docs: docs/gpu_mujoco.md
+import copy
 import random
 import sys
+import time
 from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.optim as optim
 from torch.distributions.normal import Normal
 
-from harness import Run, RunOptions, exit_code, fail, parse_args
-from mujoco_warp_envs import ENVS, Envs, saved_obs_rms
+from harness import (
+    Run,
+    RunOptions,
+    agree,
+    agree_to_stop,
+    check_ranks_agree,
+    exit_code,
+    fail,
+    join_ranks,
+    parse_args,
+    setup_distributed,
+    world,
+)
+from mujoco_warp_envs import ENVS, Envs, RunningMeanStd, saved_obs_rms
 
 
 @dataclass
@@ -59,18 +74,6 @@ WARMUP_ITERATIONS = 3
 PROFILE_ITERATIONS = 1
 # The statistics of a minibatch update, in the order they are logged.
 STATS = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "grad_norm")
-
-
-def check_args(args):
-    if args.env_id not in ENVS:
-        fail(f"--env-id {args.env_id!r} is not one of this script's environments: {', '.join(ENVS)}")
-    batch = f"--num-envs {args.num_envs} * --num-steps {args.num_steps} = {args.num_envs * args.num_steps}"
-    if args.num_envs * args.num_steps % args.num_minibatches:
-        fail(f"{batch} does not split evenly into --num-minibatches {args.num_minibatches}")
-    if args.norm_adv and args.num_envs * args.num_steps // args.num_minibatches < 2:
-        fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample; --norm-adv needs two")
-    if args.total_timesteps < args.num_envs * args.num_steps:
-        fail(f"--total-timesteps {args.total_timesteps} is below one rollout, {batch}")
 
 
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
@@ -124,6 +127,40 @@ class Agent:
         self.optimizer = optim.Adam(self.net.parameters(), lr=args.learning_rate, eps=1e-5)
 
 
+def average_gradients(parameters):
+    """Every rank's gradients replaced by their mean over the ranks, through one flat buffer: one all-reduce."""
+    grads = [p.grad for p in parameters]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(part.view_as(g))
+
+
+def pool_statistics(running, agreed):
+    """The ranks' running statistics (RunningMeanStd) made one, in place: what each rank's envs added since `agreed`
+    (their values when the ranks last pooled, the same on every rank), summed over the ranks and added to `agreed`,
+    as one process would hold them after every rank's batches. Moments about the agreed mean, in float64, in one
+    all-reduce; `agreed` then holds the pooled statistics too."""
+    others = dist.get_world_size() - 1  # a sum over the ranks counts `agreed` this many times too often
+    moments = []
+    for rms, old in zip(running, agreed):  # count, and count times the first and second moments about old.mean
+        shift = rms.mean - old.mean
+        moments += [rms.count.reshape(1), (rms.count * shift).flatten(), (rms.count * (rms.var + shift**2)).flatten()]
+    sums = torch.cat(moments)
+    dist.all_reduce(sums)
+    parts = sums.split([m.numel() for m in moments])
+    for i, (rms, old) in enumerate(zip(running, agreed)):
+        count, first, second = parts[3 * i : 3 * i + 3]
+        count = count[0] - others * old.count
+        shift = first.view_as(old.mean) / count
+        rms.var.copy_((second.view_as(old.var) - others * old.count * old.var) / count - shift**2)
+        rms.mean.copy_(old.mean + shift)
+        rms.count.copy_(count)
+        for key, value in vars(old).items():
+            value.copy_(getattr(rms, key))
+
+
 def make_update_fns(agent, args):
     """GAE over a rollout, and the PPO update on one minibatch."""
 
@@ -167,6 +204,8 @@ def make_update_fns(agent, args):
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
         agent.optimizer.zero_grad()
         loss.backward()
+        if dist.is_initialized():
+            average_gradients(agent.net.parameters())
         grad_norm = nn.utils.clip_grad_norm_(agent.net.parameters(), args.max_grad_norm)
         agent.optimizer.step()
         outputs = (pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac, grad_norm)
@@ -175,26 +214,54 @@ def make_update_fns(agent, args):
     return gae, update
 
 
+def check_args(args):
+    _, world_size = world()
+    if args.env_id not in ENVS:
+        fail(f"--env-id {args.env_id!r} is not one of this script's environments: {', '.join(ENVS)}")
+    batch = f"--num-envs {args.num_envs} * --num-steps {args.num_steps} = {args.num_envs * args.num_steps}"
+    if args.num_envs * args.num_steps % args.num_minibatches:
+        fail(f"{batch} does not split evenly into --num-minibatches {args.num_minibatches}")
+    if args.norm_adv and args.num_envs * args.num_steps // args.num_minibatches < 2:
+        fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample; --norm-adv needs two")
+    if args.total_timesteps < args.num_envs * args.num_steps * world_size:
+        fail(f"--total-timesteps {args.total_timesteps} is below one rollout, {batch} on each of {world_size} ranks")
+
+
 def train(args, run):
+    rank, world_size = world()
+    # Sizes are per rank; global_step counts the env steps of all ranks, as --total-timesteps does.
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
-    num_iterations = args.total_timesteps // batch_size
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
+    steps_per_iteration = batch_size * world_size
+    num_iterations = args.total_timesteps // steps_per_iteration
+    # Each rank seeds its worlds' resets and its sampling apart; the parameters come from rank 0.
+    random.seed(args.seed + rank)
+    np.random.seed(args.seed + rank)
+    torch.manual_seed(args.seed + rank)
     device, phase = run.device, run.phase
     envs = Envs(args.env_id, args.num_envs, args.gamma, device)
     n_obs, n_act = envs.obs.shape[1], envs.n_act
     agent = Agent(args, n_obs, n_act, device)
     gae, update = make_update_fns(agent, args)
     rollout = Rollout(args.num_steps, args.num_envs, n_obs, n_act, device)
-    # The envs are device tensors: a checkpoint holds them, and a resumed run goes on as the uninterrupted one.
+    # The envs are device tensors: a checkpoint holds them, and a resumed run goes on as the uninterrupted one (under
+    # torchrun: rank 0's envs, which every rank resumes from).
     state = {"net": agent.net, "optimizer": agent.optimizer, "envs": envs.state}
-    global_step = run.start(state, total_steps=num_iterations * batch_size, env_steps_per_call=args.num_envs,
-                            warmup_steps=WARMUP_ITERATIONS * batch_size, profile_steps=PROFILE_ITERATIONS * batch_size)
+    # One env_step call on rank 0 stands for the same call on every rank, as global_step counts them all.
+    global_step = run.start(state, total_steps=num_iterations * steps_per_iteration,
+                            warmup_steps=WARMUP_ITERATIONS * steps_per_iteration,
+                            profile_steps=PROFILE_ITERATIONS * steps_per_iteration,
+                            env_steps_per_call=args.num_envs * world_size)  # fmt: skip
+    if world_size > 1:
+        join_ranks(run, agent.net, args, global_step)
+        # The normalisation statistics as the ranks last agreed on them: a fresh RunningMeanStd's at the start, the
+        # checkpoint's on resume; each rank's envs update their own until the iteration's end pools them.
+        running = (envs.obs_rms, envs.return_rms)
+        agreed = copy.deepcopy(running) if global_step else [RunningMeanStd(r.mean.shape, device) for r in running]
     next_obs, next_done = envs.obs, envs.done  # the envs' own tensors, which each step updates in place
+    first_step, t_loop = global_step, time.perf_counter()
     # A checkpoint is written as an iteration begins: a resumed run goes on with the iteration after its steps.
-    for iteration in range(global_step // batch_size + 1, num_iterations + 1):
+    for iteration in range(global_step // steps_per_iteration + 1, num_iterations + 1):
         run.unit(global_step)
         with phase("update"):
             if args.anneal_lr:
@@ -202,7 +269,7 @@ def train(args, run):
                 agent.optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
         for step in range(args.num_steps):
-            global_step += args.num_envs
+            global_step += args.num_envs * world_size
             with phase("data"):
                 rollout.obs[step] = next_obs
                 rollout.dones[step] = next_done
@@ -219,7 +286,8 @@ def train(args, run):
             with phase("data"):
                 rollout.rewards[step] = reward
             with phase("other"):
-                run.tick(global_step)
+                if rank == 0:  # rank 0 alone shows progress
+                    run.tick(global_step)
 
         with phase("update"):
             advantages, rets = gae(next_obs, next_done, rollout.rewards, rollout.values, rollout.dones)
@@ -236,14 +304,18 @@ def train(args, run):
                     minibatch = [b[b_inds[start : start + minibatch_size]] for b in batch]
                 with phase("update"):
                     stats = update(*minibatch)
-            if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
+            # Every rank stops its epochs at the same one, by the ranks' mean KL: the all-reduces must pair up.
+            approx_kl = stats["approx_kl"]
+            if args.target_kl is not None and world_size > 1:
+                approx_kl = agree(approx_kl, dist.ReduceOp.SUM, device) / world_size
+            if args.target_kl is not None and approx_kl > args.target_kl:
                 break
 
         with phase("other"):
             # The episodes that ended in this rollout count as one, their mean: thousands end per rollout with
             # many envs. Read back in one sync.
             ended, return_sum, length_sum = envs.ended_episodes().tolist()
-            if ended:
+            if ended and rank == 0:  # rank 0 alone counts returns: of its own envs, as CleanRL does
                 run.episode(global_step, return_sum / ended, length_sum / ended)
             # On the device, so that it is read back with the statistics, in one sync.
             var_y = batch[-2].var(correction=0)
@@ -252,6 +324,13 @@ def train(args, run):
             scalars = {f"losses/{name}": stats[name] for name in STATS}
             scalars.update({"losses/explained_variance": explained_var, "charts/learning_rate": lr})
             run.log(global_step, scalars)
+            if world_size > 1:
+                # What every rank's envs added to the statistics, pooled: the policy reads the same on every rank.
+                pool_statistics(running, agreed)
+                agree_to_stop(run, device)
+    if dist.is_initialized():
+        rank_fps = (global_step - first_step) / world_size / (time.perf_counter() - t_loop)
+        check_ranks_agree(agent.net, global_step, rank_fps)
 
 
 def evaluate(args, run, saved):
@@ -276,6 +355,7 @@ def evaluate(args, run, saved):
 def main(argv=None):
     """Train, or with --eval-checkpoint evaluate, as the arguments say; returns the record printed last."""
     args, checkpoint = parse_args(Args, __file__, argv)
+    setup_distributed(args)  # torchrun: join the process group before the checks that need the world
     check_args(args)
     run = Run(args, __file__, checkpoint)
     if args.eval_checkpoint:

@@ -1,21 +1,36 @@
 # PPO for continuous actions (CleanRL's ppo_continuous_action.py) on batched MuJoCo envs simulated with MuJoCo Warp on
 # the device that torch uses, made fast: the whole rollout, Warp's physics included, one CUDA graph; GAE as a scan;
-# compile. Docs: docs/gpu_mujoco.md
+# compile; data-parallel under torchrun. Docs: docs/gpu_mujoco.md
+import copy
 import random
 import sys
+import time
 from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
 from tensordict.nn import CudaGraphModule
 from torch.distributions.normal import Normal
 
-from harness import Run, RunOptions, exit_code, fail, parse_args
-from mujoco_warp_envs import ENVS, CapturableEnvs, saved_obs_rms
+from harness import (
+    Run,
+    RunOptions,
+    agree,
+    agree_to_stop,
+    check_ranks_agree,
+    exit_code,
+    fail,
+    join_ranks,
+    parse_args,
+    setup_distributed,
+    world,
+)
+from mujoco_warp_envs import ENVS, CapturableEnvs, RunningMeanStd, saved_obs_rms
 
 
 @dataclass
@@ -66,18 +81,6 @@ WARMUP_ITERATIONS = 3
 PROFILE_ITERATIONS = 1
 # The statistics of a minibatch update, in the order they are logged.
 STATS = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "grad_norm")
-
-
-def check_args(args):
-    if args.env_id not in ENVS:
-        fail(f"--env-id {args.env_id!r} is not one of this script's environments: {', '.join(ENVS)}")
-    batch = f"--num-envs {args.num_envs} * --num-steps {args.num_steps} = {args.num_envs * args.num_steps}"
-    if args.num_envs * args.num_steps % args.num_minibatches:
-        fail(f"{batch} does not split evenly into --num-minibatches {args.num_minibatches}")
-    if args.norm_adv and args.num_envs * args.num_steps // args.num_minibatches < 2:
-        fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample; --norm-adv needs two")
-    if args.total_timesteps < args.num_envs * args.num_steps:
-        fail(f"--total-timesteps {args.total_timesteps} is below one rollout, {batch}")
 
 
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
@@ -135,6 +138,45 @@ class Agent:
         # Adam takes it without host syncs when capturable (CUDA only).
         lr = torch.tensor(args.learning_rate, device=device)
         self.optimizer = optim.Adam(self.net.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
+        self.grads = None
+        if dist.is_initialized():
+            # Views into one flat buffer, filled in place: the all-reduce needs no copy, captured graphs find them at
+            # fixed addresses. Each on 16 bytes (the critic's 1-element bias too): compiled kernels load in vectors.
+            parameters = list(self.net.parameters())
+            aligned = [-(-p.numel() // 4) * 4 for p in parameters]
+            self.grads = torch.zeros(sum(aligned), device=device)
+            for p, grad in zip(parameters, self.grads.split(aligned)):
+                p.grad = grad[: p.numel()].view_as(p)
+
+
+def average_gradients(flat):
+    """Every rank's gradients replaced by their mean over the ranks, through one flat buffer: one all-reduce."""
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+
+
+def pool_statistics(running, agreed):
+    """The ranks' running statistics (RunningMeanStd) made one, in place: what each rank's envs added since `agreed`
+    (their values when the ranks last pooled, the same on every rank), summed over the ranks and added to `agreed`,
+    as one process would hold them after every rank's batches. Moments about the agreed mean, in float64, in one
+    all-reduce; `agreed` then holds the pooled statistics too."""
+    others = dist.get_world_size() - 1  # a sum over the ranks counts `agreed` this many times too often
+    moments = []
+    for rms, old in zip(running, agreed):  # count, and count times the first and second moments about old.mean
+        shift = rms.mean - old.mean
+        moments += [rms.count.reshape(1), (rms.count * shift).flatten(), (rms.count * (rms.var + shift**2)).flatten()]
+    sums = torch.cat(moments)
+    dist.all_reduce(sums)
+    parts = sums.split([m.numel() for m in moments])
+    for i, (rms, old) in enumerate(zip(running, agreed)):
+        count, first, second = parts[3 * i : 3 * i + 3]
+        count = count[0] - others * old.count
+        shift = first.view_as(old.mean) / count
+        rms.var.copy_((second.view_as(old.var) - others * old.count * old.var) / count - shift**2)
+        rms.mean.copy_(old.mean + shift)
+        rms.count.copy_(count)
+        for key, value in vars(old).items():
+            value.copy_(getattr(rms, key))
 
 
 def make_update_fns(agent, args):
@@ -162,8 +204,8 @@ def make_update_fns(agent, args):
             returns = advantages + values
         return advantages, returns
 
-    def update(obs, actions, logprobs, advantages, returns, values):
-        """One gradient step on one minibatch; returns its STATS."""
+    def backward(obs, actions, logprobs, advantages, returns, values):
+        """The loss of one minibatch and its gradients; its STATS but the gradient norm into `stats`."""
         _, newlogprob, entropy, newvalue = agent.net.get_action_and_value(obs, actions)
         logratio = newlogprob - logprobs
         ratio = logratio.exp()
@@ -186,28 +228,40 @@ def make_update_fns(agent, args):
             v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
         entropy_loss = entropy.mean()
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-        agent.optimizer.zero_grad()
+        agent.optimizer.zero_grad(set_to_none=agent.grads is None)  # the flat buffer's views stay
         loss.backward()
+        outputs = (pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac)
+        for name, value in zip(STATS, outputs):  # not returned: a captured function copies outputs out of its graph
+            stats[name].copy_(value.detach())
+
+    def step():
+        """The clipped gradients' optimizer step; the gradient norm into `stats`."""
         grad_norm = nn.utils.clip_grad_norm_(agent.net.parameters(), args.max_grad_norm)
         agent.optimizer.step()
-        outputs = (pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac, grad_norm)
-        return {name: value.detach() for name, value in zip(STATS, outputs)}
+        stats["grad_norm"].copy_(grad_norm.detach())
 
-    def update_in_place(*minibatch):
-        # No outputs: a captured function would copy each one out of its graph.
-        for name, value in update(*minibatch).items():
-            stats[name].copy_(value)
+    def update(*minibatch):
+        backward(*minibatch)
+        step()
 
     def policy(obs):
         with torch.no_grad():
             action, logprob, _, value = agent.net.get_action_and_value(obs)
         return action, logprob, value.flatten()
 
+    fast_backward, fast_step = backward, step  # wrapped under other names: update calls the plain ones
     if args.compile:
-        gae, update_in_place, policy = map(torch.compile, (gae, update_in_place, policy))
+        gae, update, fast_backward, fast_step, policy = map(torch.compile, (gae, update, backward, step, policy))
     if args.cudagraphs:
-        gae, update_in_place = (CudaGraphModule(f, warmup=3 if args.compile else 2) for f in (gae, update_in_place))
-    return gae, update_in_place, policy, stats
+        graphs = (CudaGraphModule(f, warmup=3 if args.compile else 2) for f in (gae, update, fast_backward, fast_step))
+        gae, update, fast_backward, fast_step = graphs
+
+    def update_distributed(*minibatch):  # two graphs, the all-reduce between (in a graph: not tried, docs/multigpu.md)
+        fast_backward(*minibatch)
+        average_gradients(agent.grads)
+        fast_step()
+
+    return gae, update_distributed if dist.is_initialized() else update, policy, stats
 
 
 def make_collect(agent, policy, envs, rollout, args):
@@ -239,13 +293,30 @@ def make_collect(agent, policy, envs, rollout, args):
     return collect
 
 
+def check_args(args):
+    _, world_size = world()
+    if args.env_id not in ENVS:
+        fail(f"--env-id {args.env_id!r} is not one of this script's environments: {', '.join(ENVS)}")
+    batch = f"--num-envs {args.num_envs} * --num-steps {args.num_steps} = {args.num_envs * args.num_steps}"
+    if args.num_envs * args.num_steps % args.num_minibatches:
+        fail(f"{batch} does not split evenly into --num-minibatches {args.num_minibatches}")
+    if args.norm_adv and args.num_envs * args.num_steps // args.num_minibatches < 2:
+        fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample; --norm-adv needs two")
+    if args.total_timesteps < args.num_envs * args.num_steps * world_size:
+        fail(f"--total-timesteps {args.total_timesteps} is below one rollout, {batch} on each of {world_size} ranks")
+
+
 def train(args, run):
+    rank, world_size = world()
+    # Sizes are per rank; global_step counts the env steps of all ranks, as --total-timesteps does.
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
-    num_iterations = args.total_timesteps // batch_size
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
+    steps_per_iteration = batch_size * world_size
+    num_iterations = args.total_timesteps // steps_per_iteration
+    # Each rank seeds its worlds' resets and its sampling apart; the parameters come from rank 0.
+    random.seed(args.seed + rank)
+    np.random.seed(args.seed + rank)
+    torch.manual_seed(args.seed + rank)
     device, phase = run.device, run.phase
     envs = CapturableEnvs(args.env_id, args.num_envs, args.gamma, device)  # its physics can join collect's graph
     n_obs, n_act = envs.obs.shape[1], envs.n_act
@@ -253,24 +324,36 @@ def train(args, run):
     gae, update, policy, stats = make_update_fns(agent, args)
     rollout = Rollout(args.num_steps, args.num_envs, n_obs, n_act, device)
     collect = make_collect(agent, policy, envs, rollout, args)
-    # The envs are device tensors: a checkpoint holds them, and a resumed run goes on as the uninterrupted one.
+    # The envs are device tensors: a checkpoint holds them, and a resumed run goes on as the uninterrupted one (under
+    # torchrun: rank 0's envs, which every rank resumes from).
     state = {"net": agent.net, "optimizer": agent.optimizer, "envs": envs.state}
-    global_step = run.start(state, total_steps=num_iterations * batch_size, env_steps_per_call=batch_size,
-                            warmup_steps=WARMUP_ITERATIONS * batch_size, profile_steps=PROFILE_ITERATIONS * batch_size)
+    # One env_step call on rank 0 stands for the same call on every rank, as global_step counts them all.
+    global_step = run.start(state, total_steps=num_iterations * steps_per_iteration,
+                            warmup_steps=WARMUP_ITERATIONS * steps_per_iteration,
+                            profile_steps=PROFILE_ITERATIONS * steps_per_iteration,
+                            env_steps_per_call=steps_per_iteration)  # fmt: skip
+    if world_size > 1:
+        join_ranks(run, agent.net, args, global_step)
+        # The normalisation statistics as the ranks last agreed on them: a fresh RunningMeanStd's at the start, the
+        # checkpoint's on resume; each rank's envs update their own until the iteration's end pools them.
+        running = (envs.obs_rms, envs.return_rms)
+        agreed = copy.deepcopy(running) if global_step else [RunningMeanStd(r.mean.shape, device) for r in running]
     rollout.obs[-1], rollout.dones[-1] = envs.obs, envs.done  # after run.start: a resumed run's envs
+    first_step, t_loop = global_step, time.perf_counter()
     # A checkpoint is written as an iteration begins: a resumed run goes on with the iteration after its steps.
-    for iteration in range(global_step // batch_size + 1, num_iterations + 1):
+    for iteration in range(global_step // steps_per_iteration + 1, num_iterations + 1):
         run.unit(global_step)
         with phase("update"):
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / num_iterations
                 agent.optimizer.param_groups[0]["lr"].fill_(frac * args.learning_rate)
 
-        global_step += batch_size
+        global_step += steps_per_iteration
         with phase("env_step"):
             collect()
         with phase("other"):
-            run.tick(global_step)
+            if rank == 0:  # rank 0 alone shows progress
+                run.tick(global_step)
         with phase("update"):
             advantages, rets = gae(rollout.obs[-1], rollout.dones[-1], rollout.rewards, rollout.values,
                                    rollout.dones[:-1])  # fmt: skip
@@ -288,14 +371,18 @@ def train(args, run):
                     minibatch = [b[start : start + minibatch_size] for b in shuffled]
                 with phase("update"):
                     update(*minibatch)
-            if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
+            # Every rank stops its epochs at the same one, by the ranks' mean KL: the all-reduces must pair up.
+            approx_kl = stats["approx_kl"]
+            if args.target_kl is not None and world_size > 1:
+                approx_kl = agree(approx_kl, dist.ReduceOp.SUM, device) / world_size
+            if args.target_kl is not None and approx_kl > args.target_kl:
                 break
 
         with phase("other"):
             # The episodes that ended in this rollout count as one, their mean: thousands end per rollout with
             # many envs. Read back in one sync.
             ended, return_sum, length_sum = envs.ended_episodes().tolist()
-            if ended:
+            if ended and rank == 0:  # rank 0 alone counts returns: of its own envs, as CleanRL does
                 run.episode(global_step, return_sum / ended, length_sum / ended)
             # On the device, so that it is read back with the statistics, in one sync.
             var_y = batch[-2].var(correction=0)
@@ -304,6 +391,13 @@ def train(args, run):
             scalars = {f"losses/{name}": stats[name] for name in STATS}
             scalars.update({"losses/explained_variance": explained_var, "charts/learning_rate": lr})
             run.log(global_step, scalars)
+            if world_size > 1:
+                # What every rank's envs added to the statistics, pooled: the policy reads the same on every rank.
+                pool_statistics(running, agreed)
+                agree_to_stop(run, device)
+    if dist.is_initialized():
+        rank_fps = (global_step - first_step) / world_size / (time.perf_counter() - t_loop)
+        check_ranks_agree(agent.net, global_step, rank_fps)
 
 
 def evaluate(args, run, saved):
@@ -328,6 +422,7 @@ def evaluate(args, run, saved):
 def main(argv=None):
     """Train, or with --eval-checkpoint evaluate, as the arguments say; returns the record printed last."""
     args, checkpoint = parse_args(Args, __file__, argv)
+    setup_distributed(args)  # torchrun: join the process group before the checks that need the world
     check_args(args)
     run = Run(args, __file__, checkpoint)
     if args.eval_checkpoint:
