@@ -1,19 +1,22 @@
 # SAC at GPU scale with the FastSAC recipe (FastTD3's repository, fast_sac/): thousands of batched MuJoCo envs simulated
-# with MuJoCo Warp on the device that torch uses, the replay buffer there, large critics and batches, in eager PyTorch.
-# Docs: docs/sac_gpu_mujoco.md
+# with MuJoCo Warp on the device that torch uses, the replay buffer there, large critics and batches, in eager PyTorch;
+# data-parallel under torchrun. Docs: docs/sac_gpu_mujoco.md
 import math
 import random
 import sys
+import time
 from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
 
 from harness import Run, RunOptions, exit_code, fail, parse_args
+from harness.torchrun import agree_to_stop, check_ranks_agree, join_ranks, setup_distributed, world
 from mujoco_warp_envs import ENVS, Envs, saved_obs_rms
 
 
@@ -22,21 +25,22 @@ class Args(RunOptions):
     env_id: str = "HalfCheetah-v5"
     """the id of the environment: HalfCheetah-v5, Hopper-v5, Walker2d-v5 or Ant-v5"""
     total_timesteps: int = 51200000
-    """total timesteps of the experiment (env steps of all envs), a multiple of --num-envs"""
+    """total timesteps of the experiment (env steps of all envs, of all ranks), a multiple of --num-envs x ranks"""
     num_envs: int = 1024
-    """the number of parallel environments (MuJoCo Warp worlds)"""
+    """the number of parallel environments (MuJoCo Warp worlds), of each rank under torchrun"""
     buffer_size: int = 10485760
-    """the replay memory buffer size, in transitions: --buffer-size // --num-envs of each env"""
+    """the replay memory buffer size, in transitions: --buffer-size // --num-envs of each env (each rank its own)"""
     gamma: float = 0.99
     """the discount factor gamma"""
     tau: float = 0.1
     """target smoothing coefficient, applied after every gradient update"""
     batch_size: int = 32768
-    """the batch size of samples from the replay memory, --batch-size // --num-envs from each env"""
+    """the batch size of samples from the replay memory, --batch-size // --num-envs from each env; under torchrun
+    each rank's, from its own buffer: a global batch of --batch-size x ranks"""
     num_updates: int = 2
     """the gradient updates per env step (of all envs)"""
     learning_starts: int = 10240
-    """timestep to start learning"""
+    """timestep to start learning (env steps of all ranks under torchrun, as --total-timesteps)"""
     policy_lr: float = 3e-4
     """the learning rate of the policy network optimizer (AdamW)"""
     q_lr: float = 3e-4
@@ -180,6 +184,25 @@ class Agent:
         self.log_alpha = torch.full((1,), math.log(args.alpha), device=device, requires_grad=True)
         self.a_optimizer = optim.Adam([self.log_alpha], lr=args.q_lr)
 
+    def state_dict(self):
+        """The trained tensors by name, which every rank holds alike under torchrun (join_ranks gives every rank rank
+        0's at the start, check_ranks_agree compares them at the end); the optimizers' state follows from them."""
+        parts = {name: getattr(self, name) for name in AGENT_STATE if "optimizer" not in name and name != "log_alpha"}
+        parts = {name: part.state_dict() if isinstance(part, nn.Module) else part for name, part in parts.items()}
+        tensors = {f"{name}.{key}": value.detach() for name, part in parts.items() for key, value in part.items()}
+        return {**tensors, "log_alpha": self.log_alpha.detach()}
+
+
+def average_gradients(optimizer):
+    """Every rank's gradients of the optimizer's parameters replaced by their mean over the ranks, through one flat
+    buffer: one all-reduce."""
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"]]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(part.view_as(g))
+
 
 def autocast(args, device):
     """--amp: the networks' layers in bf16 (the critics' values and the actor's mean and log std leave them in fp32)."""
@@ -208,6 +231,8 @@ def make_update_fns(agent, args):
             qf_loss = qf1_loss + qf2_loss
         agent.q_optimizer.zero_grad()
         qf_loss.backward()
+        if dist.is_initialized():
+            average_gradients(agent.q_optimizer)
         agent.q_optimizer.step()
         qf1_values, qf2_values = qf1_a_values.detach().mean(), qf2_a_values.detach().mean()
         losses = {"qf1_loss": qf1_loss.detach(), "qf2_loss": qf2_loss.detach(), "qf_loss": qf_loss.detach() / 2.0}
@@ -223,6 +248,8 @@ def make_update_fns(agent, args):
             actor_loss = (alpha * log_pi - min_qf_pi).mean()
         agent.actor_optimizer.zero_grad()
         actor_loss.backward()
+        if dist.is_initialized():
+            average_gradients(agent.actor_optimizer)
         agent.actor_optimizer.step()
         alpha_loss = torch.zeros((), device=obs.device)
         if args.autotune:  # from a fresh sample of the stepped actor (FastSAC's)
@@ -232,6 +259,8 @@ def make_update_fns(agent, args):
                 alpha_loss = -(agent.log_alpha.exp() * (log_pi + agent.target_entropy)).mean()
             agent.a_optimizer.zero_grad()
             alpha_loss.backward()
+            if dist.is_initialized():
+                average_gradients(agent.a_optimizer)
             agent.a_optimizer.step()
         return {"actor_loss": actor_loss.detach(), "alpha_loss": alpha_loss.detach()}
 
@@ -250,11 +279,13 @@ def actor_updates(args, vector_step):
 
 
 def check_args(args):
+    _, world_size = world()  # under torchrun --total-timesteps counts the env steps of all ranks
     if args.env_id not in ENVS:
         fail(f"--env-id {args.env_id!r} is not one of this script's environments: {', '.join(ENVS)}")
-    for name in ("total_timesteps", "batch_size"):
-        if getattr(args, name) % args.num_envs:
-            fail(f"--{name.replace('_', '-')} {getattr(args, name)} must be a multiple of --num-envs {args.num_envs}")
+    for name, ranks in (("total_timesteps", world_size), ("batch_size", 1)):
+        if getattr(args, name) % (args.num_envs * ranks):
+            fail(f"--{name.replace('_', '-')} {getattr(args, name)} must be a multiple of --num-envs {args.num_envs}"
+                 + (f" x {ranks} ranks" if ranks > 1 else ""))  # fmt: skip
     if args.buffer_size < max(args.batch_size, args.num_envs):
         fail(f"--buffer-size {args.buffer_size} must be >= --batch-size {args.batch_size} and --num-envs "
              f"{args.num_envs}")  # fmt: skip
@@ -268,10 +299,14 @@ def check_args(args):
 
 
 def train(args, run):
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
+    rank, world_size = world()
+    # Each rank seeds its envs and its draws apart; the parameters come from rank 0.
+    random.seed(args.seed + rank)
+    np.random.seed(args.seed + rank)
+    torch.manual_seed(args.seed + rank)
     device, phase, n_envs = run.device, run.phase, args.num_envs
+    # Sizes are per rank; global_step counts the env steps of all ranks, as --total-timesteps and --learning-starts do.
+    all_envs = n_envs * world_size  # env steps of one vector step of all ranks
     envs = Envs(args.env_id, n_envs, args.gamma, device)
     n_obs, n_act, obs_rms = envs.obs.shape[1], envs.n_act, envs.obs_rms  # statistics of the first observations
     agent = Agent(args, n_obs, n_act, envs.low, envs.high, device)
@@ -281,11 +316,13 @@ def train(args, run):
     stats = {}  # the latest value of each of STATS
     # The envs are device tensors: a checkpoint holds them, and a resumed run goes on as the uninterrupted one.
     state = {**{name: getattr(agent, name) for name in AGENT_STATE}, "rb": rb, "envs": envs.state, "obs": obs}
-    first_step = run.start(state, total_steps=args.total_timesteps, warmup_steps=WARMUP_STEPS * n_envs,
-                           profile_steps=PROFILE_STEPS * n_envs, env_steps_per_call=n_envs,
+    first_step = run.start(state, total_steps=args.total_timesteps, warmup_steps=WARMUP_STEPS * all_envs,
+                           profile_steps=PROFILE_STEPS * all_envs, env_steps_per_call=all_envs,
                            warmup_from=args.learning_starts)  # fmt: skip
-    # global_step counts env steps, n_envs per vector step.
-    for global_step in range(first_step, args.total_timesteps, n_envs):
+    if world_size > 1:
+        join_ranks(run, agent, args, first_step)
+    t_loop = time.perf_counter()
+    for global_step in range(first_step, args.total_timesteps, all_envs):
         run.unit(global_step)
         with phase("policy"), torch.no_grad(), autocast(args, device):
             actions, _, _ = agent.actor.get_action(obs_rms.normalize(obs))
@@ -297,7 +334,7 @@ def train(args, run):
             obs_rms.update(next_obs)
             obs.copy_(next_obs)
         if global_step >= args.learning_starts:
-            for actor_update in actor_updates(args, global_step // n_envs):
+            for actor_update in actor_updates(args, global_step // all_envs):
                 with phase("data"):
                     b_obs, b_actions, b_rewards, b_next_obs, b_dones = rb.sample(args.batch_size)
                     b_obs, b_next_obs = obs_rms.normalize(b_obs), obs_rms.normalize(b_next_obs)
@@ -307,14 +344,20 @@ def train(args, run):
                         stats.update(update_actor(b_obs))
                     update_targets()
         with phase("other"):
-            if run.tick(global_step + n_envs):
+            # Rank 0 alone shows progress and counts returns: of its own envs, as CleanRL does.
+            if rank == 0 and run.tick(global_step + all_envs):
                 # The episodes ended since the last tick count as one, their mean; read back in one sync.
                 ended, return_sum, length_sum = envs.ended_episodes().tolist()
                 if ended:
-                    run.episode(global_step + n_envs, return_sum / ended, length_sum / ended)
+                    run.episode(global_step + all_envs, return_sum / ended, length_sum / ended)
                 if "actor_loss" in stats:
                     losses = {f"losses/{name}": stats[name] for name in STATS}
                     run.log(global_step, {**losses, "losses/alpha": agent.log_alpha.detach().exp()})
+            if world_size > 1:
+                agree_to_stop(run, device)
+    if dist.is_initialized():
+        end_step = global_step + all_envs
+        check_ranks_agree(agent, end_step, (end_step - first_step) / world_size / (time.perf_counter() - t_loop))
 
 
 def evaluate(args, run, saved):
@@ -340,6 +383,7 @@ def evaluate(args, run, saved):
 def main(argv=None):
     """Train, or with --eval-checkpoint evaluate, as the arguments say; returns the record printed last."""
     args, checkpoint = parse_args(Args, __file__, argv)
+    setup_distributed(args)  # torchrun: join the process group before the checks that need the world
     check_args(args)
     run = Run(args, __file__, checkpoint)
     if args.eval_checkpoint:

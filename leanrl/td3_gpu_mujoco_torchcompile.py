@@ -1,20 +1,24 @@
 # TD3 at GPU scale, the FastTD3 recipe (Seo et al. 2025): thousands of MuJoCo Warp envs on torch's device, the replay
 # buffer there, a distributional (C51) pair of critics, large batches; made fast: the critics one vmapped ensemble,
-# the env step (Warp's physics included) and the updates CUDA graphs, compile. Docs: docs/td3_gpu_mujoco.md
+# the env step (Warp's physics included) and the updates CUDA graphs, compile; data-parallel under torchrun.
+# Docs: docs/td3_gpu_mujoco.md
 import functools
 import random
 import sys
+import time
 from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
 from tensordict.nn import CudaGraphModule
 
 from harness import Run, RunOptions, exit_code, fail, parse_args
+from harness.torchrun import agree_to_stop, check_ranks_agree, join_ranks, setup_distributed, world
 from mujoco_warp_envs import ENVS, CapturableEnvs, saved_obs_rms
 
 
@@ -23,21 +27,22 @@ class Args(RunOptions):
     env_id: str = "HalfCheetah-v5"
     """the id of the environment: HalfCheetah-v5, Hopper-v5, Walker2d-v5 or Ant-v5"""
     total_timesteps: int = 51200000
-    """total timesteps of the experiment (env steps of all envs), a multiple of --num-envs"""
+    """total timesteps of the experiment (env steps of all envs, of all ranks), a multiple of --num-envs x ranks"""
     num_envs: int = 1024
-    """the number of parallel environments (MuJoCo Warp worlds)"""
+    """the number of parallel environments (MuJoCo Warp worlds), of each rank under torchrun"""
     learning_rate: float = 3e-4
     """the learning rate of the optimizers (AdamW)"""
     weight_decay: float = 0.1
     """the weight decay of the optimizers (AdamW)"""
     buffer_size: int = 10485760
-    """the replay memory buffer size, in transitions: --buffer-size // --num-envs of each env"""
+    """the replay memory buffer size, in transitions: --buffer-size // --num-envs of each env (each rank its own)"""
     gamma: float = 0.99
     """the discount factor gamma"""
     tau: float = 0.1
     """target smoothing coefficient, applied after every gradient update"""
     batch_size: int = 32768
-    """the batch size of samples from the replay memory, --batch-size // --num-envs from each env"""
+    """the batch size of samples from the replay memory, --batch-size // --num-envs from each env; under torchrun
+    each rank's, from its own buffer: a global batch of --batch-size x ranks"""
     num_updates: int = 2
     """the gradient updates per env step (of all envs)"""
     policy_noise: float = 0.001
@@ -49,7 +54,7 @@ class Args(RunOptions):
     std_max: float = 0.4
     """the largest scale of an env's exploration noise"""
     learning_starts: int = 10240
-    """timestep to start learning"""
+    """timestep to start learning (env steps of all ranks under torchrun, as --total-timesteps)"""
     policy_frequency: int = 2
     """the frequency of training policy (delayed), in gradient updates"""
     num_atoms: int = 101
@@ -195,6 +200,42 @@ class Agent:
         """Both critics' logits for the stacked parameters `params`: shape (2, batch, num_atoms)."""
         return torch.vmap(lambda p: torch.func.functional_call(self.qnet, p, (obs, actions)))(params)
 
+    def state_dict(self):
+        """The trained tensors by name, which every rank holds alike under torchrun (join_ranks gives every rank rank
+        0's at the start, check_ranks_agree compares them at the end); the optimizers' state follows from them."""
+        parts = {name: getattr(self, name) for name in AGENT_STATE if "optimizer" not in name}
+        parts = {name: part.state_dict() if isinstance(part, nn.Module) else part for name, part in parts.items()}
+        return {f"{name}.{key}": value.detach() for name, part in parts.items() for key, value in part.items()}
+
+
+def averaged(backward, optimizer, args):
+    """Under torchrun, an update from all ranks' gradients: backward(*inputs) (an update of make_update_fns, which
+    there stops before its step and returns its statistics), the all-reduce of the gradients, the optimizer's step.
+    The gradients are views into one flat buffer (each on 16 bytes: compiled kernels load in vectors) that backward
+    fills in place: the all-reduce needs no copy, graphs find them at fixed addresses. Backward and step are compiled
+    and captured as the flags say; the all-reduce runs eagerly between their graphs (a collective inside a captured
+    graph is untried here)."""
+    parameters = [p for group in optimizer.param_groups for p in group["params"]]
+    aligned = [-(-p.numel() // 4) * 4 for p in parameters]
+    grads = torch.zeros(sum(aligned), device=parameters[0].device)
+    for p, grad in zip(parameters, grads.split(aligned)):
+        p.grad = grad[: p.numel()].view_as(p)
+    fns = backward, optimizer.step
+    if args.compile:
+        fns = map(torch.compile, fns)
+    if args.cudagraphs:
+        fns = (CudaGraphModule(fn, warmup=3 if args.compile else 2) for fn in fns)
+    backward, step = fns
+
+    def update(*inputs):
+        stats = backward(*inputs)
+        dist.all_reduce(grads)
+        grads.div_(dist.get_world_size())
+        step()
+        return stats
+
+    return update
+
 
 def autocast(args, device):
     """--amp: the networks' layers in bf16 (the critics' logits and the actor's actions leave them in fp32)."""
@@ -204,7 +245,7 @@ def autocast(args, device):
 def make_update_fns(agent, args):
     """The steps of an update on a batch of normalised observations: the critics; the delayed actor step; the soft
     update of the critics' targets, after every gradient update (FastTD3's); and the policy that acts, with each
-    env's exploration noise. --compile compiles each."""
+    env's exploration noise. --compile compiles each; under torchrun the critics' and the actor's are averaged."""
 
     def update_critic(obs, actions, rewards, next_obs, dones):
         with autocast(args, agent.support.device):
@@ -221,9 +262,10 @@ def make_update_fns(agent, args):
             logits = agent.qlogits(agent.qnet_params, obs, actions)
             qf1_loss, qf2_loss = -(target_dist * F.log_softmax(logits, -1)).sum(-1).mean(-1)
             qf_loss = qf1_loss + qf2_loss
-        agent.q_optimizer.zero_grad()
+        agent.q_optimizer.zero_grad(set_to_none=not dist.is_initialized())  # averaged's flat buffer stays
         qf_loss.backward()
-        agent.q_optimizer.step()
+        if not dist.is_initialized():  # else averaged steps, after the all-reduce
+            agent.q_optimizer.step()
         qf1_values, qf2_values = (F.softmax(logits.detach(), -1) * agent.support).sum(-1).mean(-1)
         losses = {"qf1_loss": qf1_loss.detach(), "qf2_loss": qf2_loss.detach(), "qf_loss": qf_loss.detach() / 2.0}
         return {"qf1_values": qf1_values, "qf2_values": qf2_values, **losses}  # qf_loss halved, as CleanRL logs it
@@ -234,9 +276,10 @@ def make_update_fns(agent, args):
         with autocast(args, agent.support.device):
             values = (F.softmax(agent.qlogits(params, obs, agent.actor(obs)), -1) * agent.support).sum(-1)
             actor_loss = -values.min(0).values.mean()
-        agent.actor_optimizer.zero_grad()
+        agent.actor_optimizer.zero_grad(set_to_none=not dist.is_initialized())
         actor_loss.backward()
-        agent.actor_optimizer.step()
+        if not dist.is_initialized():
+            agent.actor_optimizer.step()
         return {"actor_loss": actor_loss.detach()}
 
     def update_targets():  # one fused lerp over every target parameter
@@ -250,7 +293,11 @@ def make_update_fns(agent, args):
         return actions.clamp(agent.action_low, agent.action_high)
 
     fns = update_critic, update_actor, update_targets, policy
-    return tuple(map(torch.compile, fns)) if args.compile else fns
+    fns = tuple(map(torch.compile, fns)) if args.compile else fns
+    if dist.is_initialized():  # the critics' and the actor's updates from all ranks' gradients
+        fns = (averaged(update_critic, agent.q_optimizer, args),
+               averaged(update_actor, agent.actor_optimizer, args), *fns[2:])  # fmt: skip
+    return fns
 
 
 def draw_noise_scales(args, num_envs, device):
@@ -285,7 +332,8 @@ def make_collect(policy, envs, rb, obs, noise_scales, args):
 
 def make_train_step(rb, obs_rms, update_critic, update_actor, update_targets, args):
     """train_step(pattern): a vector step's gradient updates, pattern[k] saying whether the k-th steps the actor:
-    each samples, normalises, updates; with --cudagraphs one captured graph per pattern. `stats`: fixed tensors."""
+    each samples, normalises, updates; with --cudagraphs one captured graph per pattern (under torchrun, graphs of
+    the averaged updates' pieces). `stats`: fixed tensors."""
     stats = {name: torch.zeros((), device=rb.envs.device) for name in STATS}
 
     def step(pattern):
@@ -302,7 +350,8 @@ def make_train_step(rb, obs_rms, update_critic, update_actor, update_targets, ar
     @functools.cache
     def step_of_kind(pattern):
         fn = functools.partial(step, pattern)
-        return CudaGraphModule(fn, warmup=3 if args.compile else 2) if args.cudagraphs else fn
+        captured = args.cudagraphs and not dist.is_initialized()
+        return CudaGraphModule(fn, warmup=3 if args.compile else 2) if captured else fn
 
     def train_step(pattern):
         step_of_kind(tuple(pattern))()
@@ -311,14 +360,16 @@ def make_train_step(rb, obs_rms, update_critic, update_actor, update_targets, ar
 
 
 def check_args(args):
+    _, world_size = world()  # under torchrun --total-timesteps counts the env steps of all ranks
     if args.env_id not in ENVS:
         fail(f"--env-id {args.env_id!r} is not one of this script's environments: {', '.join(ENVS)}")
-    for name in ("total_timesteps", "batch_size"):
-        if getattr(args, name) % args.num_envs:
-            fail(f"--{name.replace('_', '-')} {getattr(args, name)} must be a multiple of --num-envs {args.num_envs}")
+    for name, ranks in (("total_timesteps", world_size), ("batch_size", 1)):
+        if getattr(args, name) % (args.num_envs * ranks):
+            fail(f"--{name.replace('_', '-')} {getattr(args, name)} must be a multiple of --num-envs {args.num_envs}"
+                 + (f" x {ranks} ranks" if ranks > 1 else ""))  # fmt: skip
     if args.buffer_size < max(args.batch_size, args.num_envs):
         fail(f"--buffer-size {args.buffer_size} must be >= --batch-size {args.batch_size} and --num-envs "
-             f"{args.num_envs}")
+             f"{args.num_envs}")  # fmt: skip
     if args.learning_starts >= args.total_timesteps:
         fail(f"--learning-starts {args.learning_starts} must be below --total-timesteps {args.total_timesteps}")
     for name in ("num_updates", "critic_hidden_dim", "actor_hidden_dim"):
@@ -331,10 +382,14 @@ def check_args(args):
 
 
 def train(args, run):
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
+    rank, world_size = world()
+    # Each rank seeds its envs and its draws apart; the parameters come from rank 0.
+    random.seed(args.seed + rank)
+    np.random.seed(args.seed + rank)
+    torch.manual_seed(args.seed + rank)
     device, phase, n_envs = run.device, run.phase, args.num_envs
+    # Sizes are per rank; global_step counts the env steps of all ranks, as --total-timesteps and --learning-starts do.
+    all_envs = n_envs * world_size  # env steps of one vector step of all ranks
     envs = CapturableEnvs(args.env_id, n_envs, args.gamma, device)  # its physics can join collect's graph
     n_obs, n_act = envs.obs.shape[1], envs.n_act  # envs.obs_rms: statistics of the first observations
     agent = Agent(args, n_obs, n_act, envs.low, envs.high, device)
@@ -347,27 +402,35 @@ def train(args, run):
     # The envs are device tensors: a checkpoint holds them, and a resumed run goes on as the uninterrupted one.
     state = {**{name: getattr(agent, name) for name in AGENT_STATE}, "rb": rb, "envs": envs.state, "obs": obs,
              "noise_scales": noise_scales}  # fmt: skip
-    first_step = run.start(state, total_steps=args.total_timesteps, warmup_steps=WARMUP_STEPS * n_envs,
-                           profile_steps=PROFILE_STEPS * n_envs, env_steps_per_call=n_envs,
+    first_step = run.start(state, total_steps=args.total_timesteps, warmup_steps=WARMUP_STEPS * all_envs,
+                           profile_steps=PROFILE_STEPS * all_envs, env_steps_per_call=all_envs,
                            warmup_from=args.learning_starts)  # fmt: skip
-    # global_step counts env steps, n_envs per vector step.
-    for global_step in range(first_step, args.total_timesteps, n_envs):
+    if world_size > 1:
+        join_ranks(run, agent, args, first_step)
+    t_loop = time.perf_counter()
+    for global_step in range(first_step, args.total_timesteps, all_envs):
         run.unit(global_step)
         with phase("env_step"):
             collect()
         if global_step >= args.learning_starts:
             with phase("update"):
-                train_step(actor_updates(args, global_step // n_envs))
+                train_step(actor_updates(args, global_step // all_envs))
         with phase("other"):
             # By then an actor update has run (in this run, if it was resumed): its statistics exist.
-            logged = global_step >= max(args.learning_starts, first_step) + args.policy_frequency * n_envs
-            if run.tick(global_step + n_envs):
+            logged = global_step >= max(args.learning_starts, first_step) + args.policy_frequency * all_envs
+            # Rank 0 alone shows progress and counts returns: of its own envs, as CleanRL does.
+            if rank == 0 and run.tick(global_step + all_envs):
                 # The episodes ended since the last tick count as one, their mean; read back in one sync.
                 ended, return_sum, length_sum = envs.ended_episodes().tolist()
                 if ended:
-                    run.episode(global_step + n_envs, return_sum / ended, length_sum / ended)
+                    run.episode(global_step + all_envs, return_sum / ended, length_sum / ended)
                 if logged:
                     run.log(global_step, {f"losses/{name}": stats[name] for name in STATS})
+            if world_size > 1:
+                agree_to_stop(run, device)
+    if dist.is_initialized():
+        end_step = global_step + all_envs
+        check_ranks_agree(agent, end_step, (end_step - first_step) / world_size / (time.perf_counter() - t_loop))
 
 
 def evaluate(args, run, saved):
@@ -393,6 +456,7 @@ def evaluate(args, run, saved):
 def main(argv=None):
     """Train, or with --eval-checkpoint evaluate, as the arguments say; returns the record printed last."""
     args, checkpoint = parse_args(Args, __file__, argv)
+    setup_distributed(args)  # torchrun: join the process group before the checks that need the world
     check_args(args)
     run = Run(args, __file__, checkpoint)
     if args.eval_checkpoint:
