@@ -142,6 +142,28 @@ def test_a_signal_to_one_rank_waits_for_the_others(tmp_path):
     assert results[0] == results[1] == [None, None, signal.SIGINT]
 
 
+def diverge_worker(rank, store, results):
+    """One rank of a gloo group whose rank 0 logs a loss gone NaN: it does not stop alone (rank 1 would wait in its
+    next collective until the timeout) but asks, and the ranks stop together at their next agreement."""
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2, timeout=TIMEOUT)
+    base = load_script(BASE)
+    args = base.Args(cuda=False, tensorboard=False)
+    run = base.Run(args, BASE, None)
+    run.start({}, total_steps=100, warmup_steps=10, profile_steps=1, env_steps_per_call=1)
+    base.join_ranks(run, torch.nn.Linear(2, 2), args, 0)
+    run.log(10, {"losses/loss": torch.tensor(float("nan") if rank == 0 else 1.0)})
+    base.agree_to_stop(run, "cpu")
+    results[rank] = (run.diverged, run.stops.signal)
+    dist.destroy_process_group()
+
+
+def test_a_diverged_rank_stops_every_rank(tmp_path):
+    results = mp.Manager().dict()
+    mp.spawn(diverge_worker, args=(tmp_path / "store", results), nprocs=2)
+    assert results[0] == ("the run diverged: losses/loss became nan at env step 10", signal.SIGTERM)
+    assert results[1] == (None, signal.SIGTERM)
+
+
 def draw_worker(rank, store, results):
     """One rank of a gloo group of three, resumed at env step 512: every rank restored rank 0's generators (here all
     seeded with 7); what it draws after join_ranks."""

@@ -5,6 +5,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 import time
 import warnings
@@ -83,8 +84,9 @@ class Run:
             if first_step >= total_steps:
                 fail(f"--resume {self.args.resume}: that run is finished ({first_step} env steps); "
                      "pass a larger --total-timesteps")  # fmt: skip
-            print(f"resuming at env step {first_step}, episodes restarted; saving to {self.args.save_dir}",
-                  file=sys.stderr)  # fmt: skip
+            if world()[0] == 0:
+                print(f"resuming at env step {first_step}, episodes restarted; saving to {self.args.save_dir}",
+                      file=sys.stderr)  # fmt: skip
         self.state, self.steps, self.profile_steps = state, first_step, profile_steps
         self.env_steps_per_call = env_steps_per_call
         self.next_save = self.save_due(first_step)
@@ -107,7 +109,8 @@ class Run:
         now = time.perf_counter()
         self.steps, self.stops.unit_seconds, self.t_unit = step, now - self.t_unit, now
         self.stops.catch()
-        if self.args.save_dir and (self.stops.signal or self.next_save and step >= self.next_save):
+        due = self.stops.signal or self.next_save and step >= self.next_save
+        if self.args.save_dir and due and self.diverged is None:  # a diverged run keeps its last good checkpoint
             self.save(step)
         if self.stops.signal:
             raise KeyboardInterrupt
@@ -139,10 +142,14 @@ class Run:
         self.log(step, {"charts/episodic_return": float(episodic_return), "charts/episodic_length": int(length)})
 
     def log(self, step, scalars):
-        """Scalars to TensorBoard; a loss that is no longer finite ends the run."""
+        """Scalars to TensorBoard; a loss that is no longer finite ends the run (under torchrun: as the ranks next
+        agree to stop, every rank, else the others would wait in their next collective)."""
         for key, value in self.scalars.log(step, scalars).items():
-            if key.startswith("losses/") and not math.isfinite(value):
-                raise Diverged(f"{key} became {value} at env step {step}")
+            if key.startswith("losses/") and not math.isfinite(value) and self.diverged is None:
+                self.diverged = f"the run diverged: {key} became {value} at env step {step}"
+                if world()[1] == 1:
+                    raise Diverged
+                self.rank_signal = signal.SIGTERM
 
     def save(self, step):
         """The checkpoint, atomically; the seconds it takes are left out of the fps."""
@@ -166,8 +173,8 @@ class Run:
                 self.save(self.steps)
         except KeyboardInterrupt:
             self.interrupted = True
-        except Diverged as e:
-            self.diverged = f"the run diverged: {e}"
+        except Diverged:
+            pass
         except ValueError as e:  # a distribution's check of its parameters, the first place NaN shows
             if "invalid values" not in str(e):
                 raise
@@ -208,8 +215,8 @@ class Run:
 
 
 def exit_code(record):
-    """The process's exit code: 130 after Ctrl-C or SIGTERM, 1 for a diverged run, else 0."""
-    return 130 if record.get("interrupted") else 1 if record.get("diverged") else 0
+    """The process's exit code: 1 for a diverged run, 130 after Ctrl-C or SIGTERM, else 0."""
+    return 1 if record.get("diverged") else 130 if record.get("interrupted") else 0
 
 
 def quiet_mujoco(env_id):
