@@ -1,5 +1,5 @@
-"""What a new user hits with a real script (the harness itself is tested in test_harness.py): the bad inputs
-of issue 28, each one line and exit 2; Ctrl-C from a terminal; --track without wandb credentials."""
+"""What a new user hits with a real script (the harness itself is tested in test_harness.py): bad inputs, each one
+line and exit 2; Ctrl-C from a terminal; --track without wandb credentials."""
 
 import json
 import os
