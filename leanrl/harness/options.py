@@ -29,7 +29,7 @@ class RunOptions:
     """What every script's Args adds to the algorithm's fields (docs/contract.md)."""
 
     exp_name: str | None = None
-    """the name of this experiment, in the run's name (default: the script's name)"""
+    """the name of this experiment, in the run's name (None: the script's name)"""
     seed: int = 1
     """seed of the experiment"""
     torch_deterministic: bool = True
