@@ -135,7 +135,8 @@ def test_import_forms(tmp_path, capsys):
     alone = tmp_path / "alone"
     alone.mkdir()
     TOOL.main([str(tmp_path / "project/script.py"), "-o", str(alone / "standalone.py")])
-    assert "wrote" in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert out == "" and "wrote" in err
     original = subprocess.run([sys.executable, "script.py", "x"], cwd=tmp_path / "project", capture_output=True,
                               text=True, check=True)  # fmt: skip
     bundled = run_alone(alone / "standalone.py", ["x"])
@@ -147,6 +148,19 @@ def test_import_forms(tmp_path, capsys):
     assert heads == ["# ---- project/pkg/extra.py", "# ---- project/pkg/core.py", "# ---- project/pkg/__init__.py",
                      "# ---- project/envs_mod.py", "# ---- project/script.py: the script"]  # fmt: skip
     assert "# The script's own header.\nimport sys\n" in text and "__all__" not in text
+
+
+def test_without_output_the_bundle_goes_to_stdout(tmp_path):
+    """`bundle.py SCRIPT > my.py`, from any folder: the bundle alone on stdout, and it runs alone."""
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    with open(alone / "my_sac.py", "w") as f:
+        proc = subprocess.run([sys.executable, str(SCRIPTS / "tools/bundle.py"), "sac_continuous_action.py"],
+                              cwd=SCRIPTS, stdout=f, stderr=subprocess.PIPE, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert not (tmp_path / "sac_continuous_action.py").exists()
+    help_run = run_alone(alone / "my_sac.py", ["--help"])
+    assert help_run.returncode == 0 and "usage: my_sac.py" in help_run.stdout, help_run.stderr
 
 
 def test_docstring_future_and_blocks(tmp_path, capsys):

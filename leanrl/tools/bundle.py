@@ -1,6 +1,7 @@
 """Make one standalone file of a training script: the project modules it imports inlined above its own text.
 
     python leanrl/tools/bundle.py leanrl/ppo_continuous_action.py -o my_ppo.py
+    python leanrl/tools/bundle.py leanrl/ppo_continuous_action.py > my_ppo.py
 
 The modules are those of the script's folder (leanrl/: the harness package, the GPU env modules, any other module
 or package there) that the script imports, found in its import statements and in theirs, recursively. Each comes
@@ -11,7 +12,7 @@ different things would make the one file wrong: the tool refuses, naming the nam
 one `error:` line for bad input; a file already at the output path is never overwritten without --force.
 
 -o names the script: the speed record's "script" and the checkpoint files take the bundle's file name (my_ppo.py:
-"my_ppo", my_ppo.pt), as they take the script's; by default the bundle keeps the script's file name.
+"my_ppo", my_ppo.pt), as they take the script's. Without -o the bundle goes to stdout, and what it reports to stderr.
 """
 
 import argparse
@@ -360,10 +361,11 @@ class Bundler:
         return "\n".join(new).splitlines()
 
     def write(self, output):
+        """The bundle's text; output: the file it goes to, or None for stdout."""
         self.sort()
         self.bindings()
         self.check()
-        name, shebang = output.name, self.script.source.startswith("#!")
+        name, shebang = output.name if output else "<bundle>.py", self.script.source.startswith("#!")
         header = [self.script.source.splitlines()[0]] if shebang else []
         header += wrap_comment(f"{name}: {self.shown(self.script.path)} made standalone by leanrl/tools/bundle.py. The "
                                "project modules it imports come first, each under a `# ---- <file>` line; the script "
@@ -380,7 +382,7 @@ class Bundler:
         parts.append(f"# ---- {self.shown(self.script.path)}: the script\n" + self.text(self.script, emitted))
         bundle = "\n\n".join(parts)
         try:
-            compile(bundle, str(output), "exec")
+            compile(bundle, name, "exec")
         except SyntaxError as e:  # the tool's own mistake; the file is not written
             raise BundleError(f"the bundle does not compile ({e.msg}, line {e.lineno}): a bug of bundle.py")
         return bundle
@@ -497,15 +499,22 @@ def main(argv=None):
         "--output",
         type=Path,
         help="the file to write; it names the script: the speed record's \"script\" and the checkpoint files take "
-        "its name (my_ppo.py: \"my_ppo\", my_ppo.pt). Default: the script's file name, in the working directory",
+        "its name (my_ppo.py: \"my_ppo\", my_ppo.pt). Without it, the bundle goes to stdout",
     )
     parser.add_argument("--force", action="store_true", help="overwrite the output file if it exists")
     args = parser.parse_args(argv)
-    script, output = args.script, args.output or Path(args.script.name)
+    script, output = args.script, args.output
     if not script.is_file():
         fail(f"{script}: no such script" if not script.exists() else f"{script} is not a file")
     if script.suffix != ".py":
         fail(f"{script}: a training script is a .py file")
+    if output is None:
+        try:
+            bundler = Bundler(script.resolve())
+            sys.stdout.write(bundler.write(None))
+        except BundleError as e:
+            fail(str(e))
+        return 0
     if output.is_dir():
         fail(f"-o {output} is a folder: name the file to write")
     if output.suffix != ".py":
@@ -536,7 +545,8 @@ def main(argv=None):
             os.unlink(temporary)
         fail(f"-o {output} cannot be written: {e.strerror or e}")
     inlined = ", ".join(bundler.shown(m.path) for m in bundler.order) or "none"
-    print(f"wrote {output}: {bundler.shown(bundler.script.path)} with the modules it imports inlined ({inlined})")
+    print(f"wrote {output}: {bundler.shown(bundler.script.path)} with the modules it imports inlined ({inlined})",
+          file=sys.stderr)
     return 0
 
 
