@@ -19,9 +19,11 @@ from harness import (
     RunOptions,
     agree,
     agree_to_stop,
+    average,
     check_ranks_agree,
     exit_code,
     fail,
+    flat_gradients,
     join_ranks,
     parse_args,
     setup_distributed,
@@ -181,21 +183,8 @@ class Agent:
         capturable = torch.device(device).type == "cuda"
         self.optimizer = optim.Adam(self.network.parameters(), lr=lr, eps=1e-5, capturable=capturable)
         self.grads = None
-        if dist.is_initialized():
-            # Views into one flat buffer, filled in place: the all-reduce needs no copy, captured graphs find them at
-            # fixed addresses. Each starts on 16 bytes (the actor's bias has one element an action, 6 in Pong):
-            # compiled kernels load in vectors, which fail on a misaligned address.
-            parameters = list(self.network.parameters())
-            aligned = [-(-p.numel() // 4) * 4 for p in parameters]
-            self.grads = torch.zeros(sum(aligned), device=device)
-            for p, grad in zip(parameters, self.grads.split(aligned)):
-                p.grad = grad[: p.numel()].view_as(p)
-
-
-def average_gradients(grads):
-    """The flat gradient buffer (Agent.grads) replaced, in place, by its mean over the ranks: one all-reduce."""
-    dist.all_reduce(grads)
-    grads /= dist.get_world_size()
+        if dist.is_initialized():  # the gradients as views into one flat buffer, averaged in place
+            self.grads = flat_gradients(self.network.parameters())
 
 
 def make_update_fns(agent, args):
@@ -275,7 +264,7 @@ def make_update_fns(agent, args):
         # The all-reduce runs between two graphs, not inside one: a collective captured in a CUDA graph is not
         # tested yet (docs/multigpu.md). Alone, one graph does the whole update.
         fast_backward(*minibatch)
-        average_gradients(agent.grads)
+        average(agent.grads)
         fast_step()
 
     return gae, update_distributed if dist.is_initialized() else update, policy, stats

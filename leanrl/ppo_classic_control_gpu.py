@@ -18,6 +18,7 @@ from harness import (
     RunOptions,
     agree,
     agree_to_stop,
+    average_gradients,
     check_ranks_agree,
     exit_code,
     fail,
@@ -117,16 +118,6 @@ class Agent:
 
     def set_learning_rate(self, lr):
         self.optimizer.param_groups[0]["lr"] = lr
-
-
-def average_gradients(parameters):
-    """Every rank's gradients replaced by their mean over the ranks, through one flat buffer: one all-reduce."""
-    grads = [p.grad for p in parameters]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
-    flat /= dist.get_world_size()
-    for g, part in zip(grads, flat.split([g.numel() for g in grads])):
-        g.copy_(part.view_as(g))
 
 
 def make_update_fns(agent, args):

@@ -19,6 +19,7 @@ from harness import (
     RunOptions,
     agree,
     agree_to_stop,
+    average_gradients,
     check_ranks_agree,
     exit_code,
     fail,
@@ -125,16 +126,6 @@ class Agent:
     def __init__(self, args, n_obs, n_act, device):
         self.net = ActorCritic(n_obs, n_act, device=device)
         self.optimizer = optim.Adam(self.net.parameters(), lr=args.learning_rate, eps=1e-5)
-
-
-def average_gradients(parameters):
-    """Every rank's gradients replaced by their mean over the ranks, through one flat buffer: one all-reduce."""
-    grads = [p.grad for p in parameters]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
-    flat /= dist.get_world_size()
-    for g, part in zip(grads, flat.split([g.numel() for g in grads])):
-        g.copy_(part.view_as(g))
 
 
 def pool_statistics(running, agreed):

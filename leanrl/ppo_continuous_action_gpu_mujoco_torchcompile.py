@@ -22,9 +22,11 @@ from harness import (
     RunOptions,
     agree,
     agree_to_stop,
+    average,
     check_ranks_agree,
     exit_code,
     fail,
+    flat_gradients,
     join_ranks,
     parse_args,
     setup_distributed,
@@ -139,20 +141,8 @@ class Agent:
         lr = torch.tensor(args.learning_rate, device=device)
         self.optimizer = optim.Adam(self.net.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
         self.grads = None
-        if dist.is_initialized():
-            # Views into one flat buffer, filled in place: the all-reduce needs no copy, captured graphs find them at
-            # fixed addresses. Each on 16 bytes (the critic's 1-element bias too): compiled kernels load in vectors.
-            parameters = list(self.net.parameters())
-            aligned = [-(-p.numel() // 4) * 4 for p in parameters]
-            self.grads = torch.zeros(sum(aligned), device=device)
-            for p, grad in zip(parameters, self.grads.split(aligned)):
-                p.grad = grad[: p.numel()].view_as(p)
-
-
-def average_gradients(flat):
-    """Every rank's gradients replaced by their mean over the ranks, through one flat buffer: one all-reduce."""
-    dist.all_reduce(flat)
-    flat /= dist.get_world_size()
+        if dist.is_initialized():  # the gradients as views into one flat buffer, averaged in place
+            self.grads = flat_gradients(self.net.parameters())
 
 
 def pool_statistics(running, agreed):
@@ -258,7 +248,7 @@ def make_update_fns(agent, args):
 
     def update_distributed(*minibatch):  # two graphs, the all-reduce between (in a graph: not tried, docs/multigpu.md)
         fast_backward(*minibatch)
-        average_gradients(agent.grads)
+        average(agent.grads)
         fast_step()
 
     return gae, update_distributed if dist.is_initialized() else update, policy, stats

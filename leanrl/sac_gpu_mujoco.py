@@ -15,8 +15,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
 
-from harness import Run, RunOptions, exit_code, fail, parse_args
-from harness.torchrun import agree_to_stop, check_ranks_agree, join_ranks, setup_distributed, world
+from harness import Run, RunOptions, agree_to_stop, average_gradients, check_ranks_agree, exit_code, fail, join_ranks
+from harness import parse_args, setup_distributed, world
 from mujoco_warp_envs import ENVS, Envs, saved_obs_rms
 
 
@@ -193,17 +193,6 @@ class Agent:
         return {**tensors, "log_alpha": self.log_alpha.detach()}
 
 
-def average_gradients(optimizer):
-    """Every rank's gradients of the optimizer's parameters replaced by their mean over the ranks, through one flat
-    buffer: one all-reduce."""
-    grads = [p.grad for group in optimizer.param_groups for p in group["params"]]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
-    flat /= dist.get_world_size()
-    for g, part in zip(grads, flat.split([g.numel() for g in grads])):
-        g.copy_(part.view_as(g))
-
-
 def autocast(args, device):
     """--amp: the networks' layers in bf16 (the critics' values and the actor's mean and log std leave them in fp32)."""
     return torch.autocast(device.type, torch.bfloat16, enabled=args.amp)
@@ -232,7 +221,7 @@ def make_update_fns(agent, args):
         agent.q_optimizer.zero_grad()
         qf_loss.backward()
         if dist.is_initialized():
-            average_gradients(agent.q_optimizer)
+            average_gradients(agent.q_optimizer.param_groups[0]["params"])
         agent.q_optimizer.step()
         qf1_values, qf2_values = qf1_a_values.detach().mean(), qf2_a_values.detach().mean()
         losses = {"qf1_loss": qf1_loss.detach(), "qf2_loss": qf2_loss.detach(), "qf_loss": qf_loss.detach() / 2.0}
@@ -249,7 +238,7 @@ def make_update_fns(agent, args):
         agent.actor_optimizer.zero_grad()
         actor_loss.backward()
         if dist.is_initialized():
-            average_gradients(agent.actor_optimizer)
+            average_gradients(agent.actor_optimizer.param_groups[0]["params"])
         agent.actor_optimizer.step()
         alpha_loss = torch.zeros((), device=obs.device)
         if args.autotune:  # from a fresh sample of the stepped actor (FastSAC's)
@@ -260,7 +249,7 @@ def make_update_fns(agent, args):
             agent.a_optimizer.zero_grad()
             alpha_loss.backward()
             if dist.is_initialized():
-                average_gradients(agent.a_optimizer)
+                average_gradients(agent.a_optimizer.param_groups[0]["params"])
             agent.a_optimizer.step()
         return {"actor_loss": actor_loss.detach(), "alpha_loss": alpha_loss.detach()}
 

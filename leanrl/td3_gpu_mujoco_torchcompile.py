@@ -17,8 +17,8 @@ import torch.nn.functional as F
 import torch.optim as optim
 from tensordict.nn import CudaGraphModule
 
-from harness import Run, RunOptions, exit_code, fail, parse_args
-from harness.torchrun import agree_to_stop, check_ranks_agree, join_ranks, setup_distributed, world
+from harness import Run, RunOptions, agree_to_stop, average, check_ranks_agree, exit_code, fail, flat_gradients
+from harness import join_ranks, parse_args, setup_distributed, world
 from mujoco_warp_envs import ENVS, CapturableEnvs, saved_obs_rms
 
 
@@ -211,15 +211,10 @@ class Agent:
 def averaged(backward, optimizer, args):
     """Under torchrun, an update from all ranks' gradients: backward(*inputs) (an update of make_update_fns, which
     there stops before its step and returns its statistics), the all-reduce of the gradients, the optimizer's step.
-    The gradients are views into one flat buffer (each on 16 bytes: compiled kernels load in vectors) that backward
-    fills in place: the all-reduce needs no copy, graphs find them at fixed addresses. Backward and step are compiled
-    and captured as the flags say; the all-reduce runs eagerly between their graphs (a collective inside a captured
-    graph is untried here)."""
-    parameters = [p for group in optimizer.param_groups for p in group["params"]]
-    aligned = [-(-p.numel() // 4) * 4 for p in parameters]
-    grads = torch.zeros(sum(aligned), device=parameters[0].device)
-    for p, grad in zip(parameters, grads.split(aligned)):
-        p.grad = grad[: p.numel()].view_as(p)
+    The gradients are views into one flat buffer (flat_gradients) that backward fills in place. Backward and step
+    are compiled and captured as the flags say; the all-reduce runs eagerly between their graphs (a collective inside
+    a captured graph is untried here)."""
+    grads = flat_gradients(optimizer.param_groups[0]["params"])
     fns = backward, optimizer.step
     if args.compile:
         fns = map(torch.compile, fns)
@@ -229,8 +224,7 @@ def averaged(backward, optimizer, args):
 
     def update(*inputs):
         stats = backward(*inputs)
-        dist.all_reduce(grads)
-        grads.div_(dist.get_world_size())
+        average(grads)
         step()
         return stats
 

@@ -307,7 +307,7 @@ def ranks_worker(rank, store, results):
     # The twin's gradients are views into agent.grads, which backward fills and the all-reduce averages in place.
     agent.optimizer.zero_grad(set_to_none=False)
     loss_of(network, obs[half], actions[half]).backward()
-    fast.average_gradients(agent.grads)
+    fast.average(agent.grads)
     torch.testing.assert_close(flat_grads(network), whole, rtol=1e-4, atol=1e-6)
     # Every view starts on 16 bytes, also after a bias of 6 actions (Pong's), as compiled kernels need.
     pong = fast.Agent(fast.Args(), 6, "cpu").network.parameters()

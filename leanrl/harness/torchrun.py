@@ -68,6 +68,33 @@ def agree(value, op, device):
     return reduced.item()
 
 
+def average(flat):
+    """A tensor replaced, in place, by its mean over the ranks: one all-reduce."""
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+
+
+def average_gradients(parameters):
+    """Every rank's gradients of `parameters` replaced by their mean over the ranks, through one flat buffer."""
+    grads = [p.grad for p in parameters]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    average(flat)
+    for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(part.view_as(g))
+
+
+def flat_gradients(parameters):
+    """The parameters' gradients made views into one flat buffer, returned, which backward fills in place: average()
+    needs no copy, captured graphs find them at fixed addresses. Each view starts on 16 bytes (after a bias of one
+    element too): compiled kernels load in vectors, which fail on a misaligned address."""
+    parameters = list(parameters)
+    aligned = [-(-p.numel() // 4) * 4 for p in parameters]
+    flat = torch.zeros(sum(aligned), device=parameters[0].device)
+    for p, grad in zip(parameters, flat.split(aligned)):
+        p.grad = grad[: p.numel()].view_as(p)
+    return flat
+
+
 def join_ranks(run, network, args, global_step):
     """After run.start: rank 0's parameters on every rank; after a resume, the other ranks' generators reseeded
     apart; a signal only asks the ranks to stop together (torchrun passes Ctrl-C on to ranks that got it already)."""
