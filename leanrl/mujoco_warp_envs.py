@@ -1,6 +1,6 @@
-"""gymnasium's MuJoCo locomotion envs (v5: HalfCheetah, Hopper, Walker2d, Ant) as N batched MuJoCo Warp worlds on the
-device that torch uses, with gymnasium's time limit, same-step auto-reset and CleanRL's wrappers (docs/gpu_mujoco.md).
-The scripts on MuJoCo Warp import it as they import gymnasium:
+"""gymnasium's MuJoCo locomotion envs (v5: HalfCheetah, Hopper, Walker2d, Ant, Humanoid) as N batched MuJoCo Warp
+worlds on the device that torch uses, with gymnasium's time limit, same-step auto-reset and CleanRL's wrappers
+(docs/gpu_mujoco.md). The scripts on MuJoCo Warp import it as they import gymnasium:
 
     envs = Envs(env_id, num_envs, gamma, device)  # the twins: CapturableEnvs, whose physics joins torch's CUDA graphs
     next_obs, reward, done, final_obs, bootstrapped = envs.step(action)  # normalised, as PPO trains on them
@@ -34,10 +34,17 @@ class HalfCheetah:
 
     xml, frame_skip, noise, normal_qvel, ctrl_cost = "half_cheetah.xml", 5, 0.1, True, 0.1
     healthy_reward, skipped_qpos, qvel_clip, contact_forces = 0.0, 1, math.inf, False
+    forward_weight, com_obs = 1.0, False
+    nconmax = njmax = None  # MuJoCo Warp's defaults
 
     @staticmethod
     def healthy(qpos, qvel):
         return torch.ones_like(qpos[:, 0], dtype=torch.bool)
+
+    @staticmethod
+    def x(envs):
+        """The x position whose velocity the reward pays."""
+        return envs.qpos[:, 0]
 
 
 class Hopper(HalfCheetah):
@@ -68,14 +75,48 @@ class Ant(HalfCheetah):
     contact forces (cfrc_ext) clipped to [-1, 1], which the observation holds too (105 values)."""
 
     xml, ctrl_cost, contact_cost, healthy_reward, skipped_qpos, contact_forces = "ant.xml", 0.5, 5e-4, 1, 2, True
+    force_clip, max_contact_cost = 1.0, math.inf
 
     @staticmethod
     def healthy(qpos, qvel):
         finite = torch.isfinite(qpos).all(1) & torch.isfinite(qvel).all(1)
         return finite & (qpos[:, 2] >= 0.2) & (qpos[:, 2] <= 1.0)
 
+    @staticmethod
+    def x(envs):
+        return envs.xpos[:, 1, 0]  # the torso's
 
-ENVS = {"HalfCheetah-v5": HalfCheetah, "Hopper-v5": Hopper, "Walker2d-v5": Walker2d, "Ant-v5": Ant}
+
+class Humanoid(Ant):
+    """Humanoid-v5: 1.25 * the x velocity of its centre of mass + 5 while healthy - 0.1 * sum(a^2) - 5e-7 * the sum of
+    the squared external contact forces (cfrc_ext), that cost capped at 10; healthy while 1 < z < 2. Observation
+    (348 values): qpos[2:], qvel, cinert[1:], cvel[1:], qfrc_actuator[6:], cfrc_ext[1:], none clipped. Reset noise
+    U(-0.01, 0.01) on positions and velocities. gymnasium's model asks for MuJoCo's PGS solver, which MuJoCo Warp
+    lacks: the worlds run Newton (docs/gpu_mujoco.md: what that changes on gymnasium's own Humanoid)."""
+
+    xml, noise, normal_qvel, ctrl_cost, contact_cost, healthy_reward = "humanoid.xml", 1e-2, False, 0.1, 5e-7, 5.0
+    forward_weight, force_clip, max_contact_cost, com_obs = 1.25, math.inf, 10.0, True
+    # Contacts and constraint rows a world holds: at most 7 and 15 at any MuJoCo step, measured over about 3,000
+    # episodes of the batched worlds on the CPU under random actions (gymnasium's Humanoid with Newton: 6 and 12 over
+    # 30 episodes); about four times those.
+    nconmax, njmax = 32, 64
+
+    @staticmethod
+    def healthy(qpos, qvel):
+        return (qpos[:, 2] > 1.0) & (qpos[:, 2] < 2.0)
+
+    @staticmethod
+    def x(envs):
+        return envs.xipos[:, :, 0] @ envs.mass_share  # gymnasium's mass_center: the bodies' masses over their xipos
+
+
+ENVS = {
+    "HalfCheetah-v5": HalfCheetah,
+    "Hopper-v5": Hopper,
+    "Walker2d-v5": Walker2d,
+    "Ant-v5": Ant,
+    "Humanoid-v5": Humanoid,
+}
 
 
 class RunningMeanStd:
@@ -148,23 +189,30 @@ class Envs:
         self.task, self.num_envs, self.gamma = ENVS[env_id], num_envs, gamma
         assets = os.path.join(os.path.dirname(gym.__file__), "envs", "mujoco", "assets")
         mjm = mujoco.MjModel.from_xml_path(os.path.join(assets, self.task.xml))  # gymnasium's own model file
-        self.dt, self.n_act, self.graph = mjm.opt.timestep * self.task.frame_skip, mjm.nu, None
+        mjm.opt.solver = mujoco.mjtSolver.mjSOL_NEWTON  # MuJoCo Warp has no PGS, Humanoid's; the others' already
+        self.dt, self.n_act, self.graphs = mjm.opt.timestep * self.task.frame_skip, mjm.nu, {}
         start_warp(device)
         try:
-            self.model, self.data = mjw.put_model(mjm), mjw.make_data(mjm, nworld=num_envs)
+            self.model = mjw.put_model(mjm)
+            self.data = mjw.make_data(mjm, nworld=num_envs, nconmax=self.task.nconmax, njmax=self.task.njmax)
         except (ValueError, RuntimeError) as e:  # too many worlds for an array, or for the memory
             fail(f"--num-envs {num_envs}: MuJoCo Warp cannot make that many worlds here: {str(e).splitlines()[0]}")
-        views = [wp.to_torch(getattr(self.data, name)) for name in ("qpos", "qvel", "qacc_warmstart", "ctrl", "xpos")]
-        self.qpos, self.qvel, self.warmstart, self.ctrl, self.xpos = views
-        self.cfrc_ext, self.qpos0 = wp.to_torch(self.data.cfrc_ext), torch.as_tensor(mjm.qpos0, device=device).float()
+        names = "qpos", "qvel", "qacc_warmstart", "ctrl", "xpos", "xipos", "cinert", "cvel", "qfrc_actuator", "cfrc_ext"
+        views = [wp.to_torch(getattr(self.data, name)) for name in names]
+        self.qpos, self.qvel, self.warmstart, self.ctrl, self.xpos, self.xipos = views[:6]
+        self.cinert, self.cvel, self.qfrc_actuator, self.cfrc_ext = views[6:]
+        self.qpos0 = torch.as_tensor(mjm.qpos0, device=device).float()
+        self.mass_share = torch.as_tensor(mjm.body_mass / mjm.body_mass.sum(), device=device).float()
         self.low, self.high = torch.as_tensor(mjm.actuator_ctrlrange, device=device).float().unbind(1)
-        # The kernels load here (built on first use: about a minute on a GPU, more on a CPU; then cached).
-        if device.type == "cuda":  # the MuJoCo steps of an env step as one Warp graph
-            with wp.ScopedCapture() as capture:
-                self.mujoco_steps()
-            self.graph = capture.graph
-        else:
-            self.mujoco_steps()
+        # The kernels load here (built on first use: about a minute on a GPU, more on a CPU; then cached). On CUDA each
+        # Warp call of the envs is one Warp graph.
+        for physics in ["mujoco_steps"] + ["kinematics"] * self.task.com_obs:
+            if device.type == "cuda":
+                with wp.ScopedCapture() as capture:
+                    getattr(self, physics)()
+                self.graphs[physics] = capture.graph
+            else:
+                getattr(self, physics)()
         wp.synchronize_device()
         zeros = lambda *shape, dtype=torch.float32: torch.zeros(shape, dtype=dtype, device=device)  # noqa: E731
         self.x_before, self.episode_return, self.ended = zeros(num_envs), zeros(num_envs), zeros(3, num_envs)
@@ -187,21 +235,33 @@ class Envs:
         if self.task.contact_forces:
             mjw.rne_postconstraint(self.model, self.data)
 
-    def simulate(self):
-        """mujoco_steps; on CUDA, their Warp graph launched on torch's current stream."""
-        if self.graph is None:
-            return self.mujoco_steps()
-        wp.capture_launch(self.graph, stream=wp.stream_from_torch(torch.cuda.current_stream()))
+    def kinematics(self):
+        """What Humanoid's observation and reward read of gymnasium's mj_forward after a reset: the bodies' positions,
+        inertias and velocities (xipos, cinert, cvel)."""
+        mjw.fwd_kinematics(self.model, self.data)
+        mjw.com_vel(self.model, self.data)
+
+    def simulate(self, physics="mujoco_steps"):
+        """A Warp call of the envs (mujoco_steps or kinematics); on CUDA, its Warp graph launched on torch's current
+        stream."""
+        if not self.graphs:
+            return getattr(self, physics)()
+        wp.capture_launch(self.graphs[physics], stream=wp.stream_from_torch(torch.cuda.current_stream()))
 
     def observe(self, fresh=None):
-        """gymnasium's _get_obs; no contact forces where an episode has just reset, `fresh` (mj_resetData zeroes them
-        and mj_forward leaves them)."""
+        """gymnasium's _get_obs; no actuator or contact forces where an episode has just reset, `fresh` (mj_resetData
+        zeroes the controls and the contact forces, and mj_forward leaves the latter)."""
         task = self.task
         parts = [self.qpos[:, task.skipped_qpos :], self.qvel.clamp(-task.qvel_clip, task.qvel_clip)]
+        forces = []
+        if task.com_obs:
+            parts += [self.cinert[:, 1:].flatten(1), self.cvel[:, 1:].flatten(1)]
+            forces.append(self.qfrc_actuator[:, 6:])
         if task.contact_forces:
-            forces = self.cfrc_ext[:, 1:].clamp(-1, 1).flatten(1)
-            parts.append(forces if fresh is None else torch.where(fresh[:, None], 0.0, forces))
-        return torch.cat(parts, 1)
+            forces.append(self.cfrc_ext[:, 1:].clamp(-task.force_clip, task.force_clip).flatten(1))
+        if fresh is not None:
+            forces = [torch.where(fresh[:, None], 0.0, force) for force in forces]
+        return torch.cat(parts + forces, 1)
 
     def reset(self, mask):
         """gymnasium's reset of the envs in mask: qpos0 and zero velocities plus the noise, the solver's warm start
@@ -212,7 +272,10 @@ class Envs:
         self.qpos.copy_(torch.where(mask[:, None], qpos, self.qpos))
         self.qvel.copy_(torch.where(mask[:, None], qvel * task.noise, self.qvel))
         self.warmstart.masked_fill_(mask[:, None], 0.0)
-        self.x_before.copy_(torch.where(mask, self.qpos[:, 0], self.x_before))  # Ant's torso: at its free joint's qpos
+        if task.com_obs:  # in every world: a step's own mj_forward overwrites what it computes
+            self.simulate("kinematics")
+        x = task.x(self) if task.com_obs else self.qpos[:, 0]  # Ant's torso: at its free joint's qpos
+        self.x_before.copy_(torch.where(mask, x, self.x_before))
 
     def step_raw(self, action):
         """gymnasium's vector env of these envs with ClipAction, the time limit and RecordEpisodeStatistics: (next
@@ -221,13 +284,13 @@ class Envs:
         task, action = self.task, torch.clamp(action, self.low, self.high)
         self.ctrl.copy_(action)
         self.simulate()
-        # The x the reward differentiates: qpos[0]; Ant's, its torso's xpos (as of the last MuJoCo step's start).
-        x_after = self.xpos[:, 1, 0] if task.contact_forces else self.qpos[:, 0]
-        healthy = task.healthy(self.qpos, self.qvel)
-        reward = (x_after - self.x_before) / self.dt + task.healthy_reward * healthy
+        # Ant's and Humanoid's x from the bodies' positions: as of the last MuJoCo step's start (RK4: its last stage).
+        x_after, healthy = task.x(self), task.healthy(self.qpos, self.qvel)
+        reward = task.forward_weight * (x_after - self.x_before) / self.dt + task.healthy_reward * healthy
         reward -= task.ctrl_cost * action.square().sum(1)
         if task.contact_forces:
-            reward -= task.contact_cost * self.cfrc_ext.clamp(-1, 1).square().sum((1, 2))
+            forces = self.cfrc_ext.clamp(-task.force_clip, task.force_clip)
+            reward -= (task.contact_cost * forces.square().sum((1, 2))).clamp(max=task.max_contact_cost)
         self.elapsed += 1
         terminated, truncated = ~healthy, self.elapsed >= MAX_EPISODE_STEPS
         done, final_obs = terminated | truncated, self.observe()
@@ -268,13 +331,13 @@ class CapturableEnvs(Envs):
         self.captured = []  # the Warp graphs that simulate's captures leave, kept: they own their kernels' memory
 
     @torch.compiler.disable  # Warp's launches: outside what torch.compile traces
-    def simulate(self):
-        if self.graph is None or not torch.cuda.is_current_stream_capturing():
-            return super().simulate()
+    def simulate(self, physics="mujoco_steps"):
+        if not self.graphs or not torch.cuda.is_current_stream_capturing():
+            return super().simulate(physics)
         # In torch's capture a Warp graph cannot launch, but Warp's kernels join that capture once Warp is told of it
         # (an external capture); the Warp graph it returns holds their memory, kept.
         stream = wp.stream_from_torch(torch.cuda.current_stream())
         wp.capture_begin(stream=stream, external=True, capture_mode=wp.CaptureMode.GLOBAL)
         with wp.ScopedStream(stream, sync_enter=False):
-            self.mujoco_steps()
+            getattr(self, physics)()
         self.captured.append(wp.capture_end(stream=stream))
