@@ -34,7 +34,7 @@ from mujoco_warp_envs import ENVS, Envs, RunningMeanStd, saved_obs_rms
 @dataclass
 class Args(RunOptions):
     env_id: str = "HalfCheetah-v5"
-    """the id of the environment: HalfCheetah-v5, Hopper-v5, Walker2d-v5 or Ant-v5"""
+    """the id of the environment: HalfCheetah-v5, Hopper-v5, Walker2d-v5, Ant-v5 or Humanoid-v5"""
     total_timesteps: int = 100000000
     """total timesteps of the experiment, rounded down to whole iterations of --num-envs * --num-steps"""
     learning_rate: float = 3e-4

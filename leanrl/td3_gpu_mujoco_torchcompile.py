@@ -25,7 +25,7 @@ from mujoco_warp_envs import ENVS, CapturableEnvs, saved_obs_rms
 @dataclass
 class Args(RunOptions):
     env_id: str = "HalfCheetah-v5"
-    """the id of the environment: HalfCheetah-v5, Hopper-v5, Walker2d-v5 or Ant-v5"""
+    """the id of the environment: HalfCheetah-v5, Hopper-v5, Walker2d-v5, Ant-v5 or Humanoid-v5"""
     total_timesteps: int = 51200000
     """total timesteps of the experiment (env steps of all envs, of all ranks), a multiple of --num-envs x ranks"""
     num_envs: int = 1024

@@ -35,7 +35,7 @@ TWIN_MODES = [], ["--cudagraphs"], ["--compile", "--cudagraphs"], ["--amp"]
 TWIN_RUNS = [pytest.param(mode, id=mode_id(mode)) for mode in TWIN_MODES]
 # Bad input that both twins refuse: (argv, fragments the error line must name).
 BAD_INPUT = [
-    (["--env-id", "Humanoid-v5"], ["--env-id 'Humanoid-v5'"]),
+    (["--env-id", "HumanoidStandup-v5"], ["--env-id 'HumanoidStandup-v5'"]),
     (["--num-envs", "3"], ["--total-timesteps 51200000", "--num-envs 3"]),
     (["--batch-size", "1000", "--num-envs", "64"], ["--batch-size 1000", "--num-envs 64"]),
     (["--buffer-size", "1024"], ["--buffer-size 1024", "--batch-size 32768"]),
@@ -188,6 +188,16 @@ def check_twin_runs(algo, mode, capsys):
     """The twin through learning starts, warm-up and its fps window; without CUDA --cudagraphs runs without graphs
     (--compile with it: the compiled functions)."""
     assert_steady(run_mode(algo.fast, TINY, mode, capsys), 100)
+
+
+def check_twin_runs_humanoid(algo, capsys):
+    """The twin on Humanoid-v5 (348 observations, 17 actions in [-0.4, 0.4], resets that run Warp's kinematics)
+    through its fps window: random episodes ended, about 5 a step for some 20 to 60 steps."""
+    argv = ["--env-id", "Humanoid-v5", *TINY[2:]]
+    argv[argv.index("--total-timesteps") + 1] = "200"  # 50 steps an env: random episodes end
+    record = run_main(algo.fast, argv, capsys)
+    assert_steady(record, 200)
+    assert record["env_id"] == "Humanoid-v5" and 50 < record["episodic_return"] < 300
 
 
 def bandit_batch(n=256):

@@ -117,7 +117,7 @@ def test_unavailable():
         (["--steps", "x"], "--steps 'x' is not a whole number"),
         (["--backends", "mujoco-torch-eager"], "unknown backend 'mujoco-torch-eager'"),
         (["--modes", "graph"], "unknown mode 'graph'"),
-        (["--env-id", "Humanoid-v5"], "--env-id 'Humanoid-v5' is not one of the MuJoCo Warp envs"),
+        (["--env-id", "HumanoidStandup-v5"], "--env-id 'HumanoidStandup-v5' is not one of the MuJoCo Warp envs"),
         (["--figure", "bench.svg"], "--figure bench.svg is not a .png file"),
         (["--min-seconds", "-1"], "--min-seconds -1.0 must be 0 or more"),
         (["--device", "mps"], "--device mps is neither cpu nor cuda"),

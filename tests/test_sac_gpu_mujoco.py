@@ -114,6 +114,10 @@ def test_twin_runs(mode, capsys):
     opg.check_twin_runs(SAC, mode, capsys)
 
 
+def test_twin_runs_humanoid(capsys):
+    opg.check_twin_runs_humanoid(SAC, capsys)
+
+
 @pytest.mark.parametrize("name, fixed_alpha", [(NAME, False), (FAST, True)], ids=["autotune", "fixed-alpha"])
 def test_logs_the_statistics(name, fixed_alpha, monkeypatch, capsys):
     """With a progress tick at every vector step, TensorBoard gets each of STATS and losses/alpha once an actor update

@@ -136,6 +136,10 @@ def test_twin_runs(mode, capsys):
     opg.check_twin_runs(TD3, mode, capsys)
 
 
+def test_twin_runs_humanoid(capsys):
+    opg.check_twin_runs_humanoid(TD3, capsys)
+
+
 @pytest.mark.parametrize("name, amp", opg.bandit_runs(TD3))
 def test_learns_a_bandit(name, amp):
     """The critics learn the bandit's rewards and the actor moves towards its best actions, in fp32 and --amp."""
