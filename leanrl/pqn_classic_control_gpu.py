@@ -86,9 +86,10 @@ class QNetwork(nn.Module):
 
 
 def linear_schedule(start_e, end_e, duration, t):
-    """Epsilon at step t: from start_e down to end_e over `duration` steps, then end_e."""
+    """Epsilon at env step t: from start_e down to end_e over `duration` steps, then end_e. In torch operations, so that
+    t may be a device tensor (the twin's captured rollout reads no number from the host)."""
     slope = (end_e - start_e) / duration
-    return max(slope * t + start_e, end_e)
+    return torch.clamp(torch.as_tensor(slope * t + start_e), min=end_e)
 
 
 class Rollout:
