@@ -57,7 +57,7 @@ def make_envs(env_id, num_envs, seed):
     if "episodic_life" not in envpool.make_spec(env_id).config._fields:
         fail(f"{env_id} is not an envpool Atari game")
     return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, episodic_life=True,
-                        reward_clip=True)
+                        reward_clip=True)  # fmt: skip
 
 
 class EpisodeReturns:
@@ -212,7 +212,7 @@ def train(args, run):
     # What a checkpoint holds: the iteration follows from the env step, the learning rate and epsilon from it too.
     state = {"q_network": agent.q_network, "optimizer": agent.optimizer}
     global_step = run.start(state, total_steps=num_iterations * batch_size, profile_steps=batch_size,
-                            warmup_steps=WARMUP_ITERATIONS * batch_size, env_steps_per_call=args.num_envs)
+                            warmup_steps=WARMUP_ITERATIONS * batch_size, env_steps_per_call=args.num_envs)  # fmt: skip
     for iteration in range(global_step // batch_size + 1, num_iterations + 1):
         run.unit(global_step)
         if args.anneal_lr:
