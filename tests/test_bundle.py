@@ -32,6 +32,8 @@ TINY = {
     "ppo_classic_control_gpu": ([*PPO_SIZES, "--total-timesteps", "32"], 32),
     "ppo_continuous_action": (["--env-id", "Pendulum-v1", *PPO_SIZES, "--total-timesteps", "32"], 32),
     "ppo_continuous_action_gpu_mujoco": ([*PPO_SIZES, "--total-timesteps", "32"], 32),
+    "pqn_atari_envpool": ([*PPO_SIZES, "--total-timesteps", "32"], 32),
+    "pqn_classic_control_gpu": ([*PPO_SIZES, "--total-timesteps", "32"], 32),
     "sac_continuous_action": (OFF_POLICY, 80),
     "sac_gpu_mujoco": (GPU_OFF_POLICY, 48),
     "td3_continuous_action": (OFF_POLICY, 80),

@@ -13,7 +13,8 @@ MODULES = ("harness", "torch_classic_control", "mujoco_warp_envs", "fused_rollou
 SCRIPTS = sorted(path for path in LEANRL.glob("*.py") if path.stem not in MODULES)
 BASELINES = (
     "dqn", "ppo_atari_envpool", "ppo_classic_control_gpu", "ppo_continuous_action", "ppo_continuous_action_gpu_mujoco",
-    "sac_continuous_action", "sac_gpu_mujoco", "td3_continuous_action", "td3_gpu_mujoco",
+    "pqn_atari_envpool", "pqn_classic_control_gpu", "sac_continuous_action", "sac_gpu_mujoco", "td3_continuous_action",
+    "td3_gpu_mujoco",
 )  # fmt: skip
 
 
