@@ -1,0 +1,120 @@
+"""Data-parallel scaling of a training script on this machine's GPUs: the script alone (one process, no torchrun:
+what a user of one GPU runs) and under torchrun on N GPUs (one rank each), every run stopped by SIGTERM after
+--seconds, as Ctrl-C would stop it, or ended by its own --total-timesteps. The numbers are the runs' speed records
+(docs/contract.md): fps is the steady rate after warm-up, summed over the ranks.
+
+    # the PPO-on-Warp twin at 1, 2 and 4 GPUs, 16,384 worlds per rank, 60 s each
+    python leanrl/tools/scaling_bench.py --gpus 1 2 4 --seconds 60 --out runs/scaling -- \\
+        leanrl/ppo_continuous_action_gpu_mujoco_torchcompile.py --compile --cudagraphs --no-tensorboard
+
+    # learning at a fixed budget: the return when the run stops, and when the mean return first reached 1443
+    python leanrl/tools/scaling_bench.py --gpus 1 4 --seconds 120 --target 1443 --out runs/learning -- \\
+        leanrl/ppo_continuous_action_gpu_mujoco_torchcompile.py --compile --cudagraphs --no-tensorboard
+
+Appends each run's record, with its `gpus` and the command's arguments, to OUT/scaling.jsonl, and rewrites
+OUT/scaling.md from all of that file's records: a row per script, arguments and GPU count, with the env steps/s,
+the rate per GPU, the speed-up over one GPU and the efficiency (speed-up / GPUs), the warm-up and the return.
+Each run's stdout and stderr go to OUT/logs/. A run that ends without a record is a row that says how it ended.
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from benchkit import Parser, fail, markdown_table, utc_date, write_lines, writable_folder
+
+GRACE_SECONDS = 120  # after SIGTERM: the current unit of work, the checkpoint, torchrun's teardown
+
+
+def parse_args():
+    parser = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--gpus", type=int, nargs="+", default=[1, 2], help="GPU counts to run (1: no torchrun)")
+    parser.add_argument("--seconds", type=float, default=60.0, help="stop each run after this many seconds")
+    parser.add_argument("--target", type=float, help="also report when the mean return first reached this")
+    parser.add_argument("--out", default="runs/scaling", help="folder of scaling.jsonl, scaling.md and logs/")
+    parser.add_argument("command", nargs="+", help="-- SCRIPT [ARGS]: the training script and its arguments")
+    args = parser.parse_args()
+    if any(n < 1 for n in args.gpus):
+        fail(f"--gpus {' '.join(map(str, args.gpus))}: every count must be 1 or more")
+    if not args.seconds > 0:
+        fail(f"--seconds {args.seconds} must be positive")
+    if not os.path.isfile(args.command[0]):
+        fail(f"{args.command[0]}: no such training script")
+    writable_folder("--out", os.path.join(args.out, "logs"))
+    return args
+
+
+def run(command, gpus, seconds, out):
+    """One run: its speed record with `gpus`, or {"failed": how it ended}."""
+    script, script_args = command[0], command[1:]
+    name = f"{os.path.basename(script).removesuffix('.py')}-{gpus}gpu-{int(time.time())}"
+    speed_log = os.path.join(out, "logs", f"{name}.jsonl")
+    launcher = [sys.executable] if gpus == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                                    f"--nproc_per_node={gpus}"]  # fmt: skip
+    with open(os.path.join(out, "logs", f"{name}.log"), "w") as log:
+        process = subprocess.Popen([*launcher, script, *script_args, "--speed-log", speed_log], stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        try:
+            process.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGTERM)  # torchrun passes it on to every rank
+            try:
+                process.wait(timeout=GRACE_SECONDS)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+    record = {"failed": f"exit code {process.returncode}, no record (see logs/{name}.log)"}
+    lines = open(speed_log).read().splitlines() if os.path.exists(speed_log) else []
+    if lines:
+        record = json.loads(lines[-1])
+    return {**record, "gpus": gpus, "command": " ".join([os.path.basename(script), *script_args]), "date": utc_date()}
+
+
+def seconds_to(curve, target):
+    """(seconds from the start, env steps) of the first curve point at or past target, or None."""
+    return next(((seconds, step) for step, seconds, mean in curve if mean is not None and mean >= target), None)
+
+
+def table(records, target):
+    header = ["command", "GPUs", "env steps/s", "per GPU", "speed-up", "efficiency", "warm-up s", "seconds",
+              "return"] + ([f"s to {target:g} (after warm-up)"] if target is not None else [])  # fmt: skip
+    alone = {r["command"]: r["fps"] for r in records if r["gpus"] == 1 and r.get("steady")}
+    rows = []
+    for r in sorted(records, key=lambda r: (r["command"], r["gpus"])):
+        if "fps" in r and not r["steady"]:  # stopped in its warm-up: no steady rate to compare
+            r = {**r, "fps": None, "failed": f"stopped in its warm-up after {r['wall_seconds']:.0f} s: run it longer"}
+        if r.get("fps") is None:
+            rows.append([r["command"], r["gpus"], r["failed"]] + [""] * (len(header) - 3))
+            continue
+        speedup = r["fps"] / alone[r["command"]] if r["command"] in alone else None
+        row = [r["command"], r["gpus"], f"{r['fps']:,.0f}", f"{r['fps'] / r['gpus']:,.0f}",
+               f"{speedup:.2f}x" if speedup else "", f"{speedup / r['gpus']:.0%}" if speedup else "",
+               r["warmup_seconds"], r["wall_seconds"], r["episodic_return"]]  # fmt: skip
+        if target is not None:
+            reached = seconds_to(r["return_curve"], target)
+            row.append(f"{reached[0]:.0f} ({reached[0] - r['warmup_seconds']:.0f})" if reached else "not reached")
+        rows.append(row)
+    return markdown_table(header, rows)
+
+
+def main():
+    args = parse_args()
+    path = os.path.join(args.out, "scaling.jsonl")
+    for gpus in args.gpus:
+        record = run(args.command, gpus, args.seconds, args.out)
+        with open(path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        steady = "" if record.get("steady") else " (not steady: still in its warm-up)"
+        print(f"{gpus} GPU(s): " + (f"{record['fps']:,.0f} env steps/s{steady}" if "fps" in record else record["failed"]))
+    with open(path) as f:
+        records = [json.loads(line) for line in f]
+    write_lines(os.path.join(args.out, "scaling.md"), table(records, args.target))
+    print(f"wrote {os.path.join(args.out, 'scaling.md')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""leanrl/tools/scaling_bench.py on the CPU: one process and two torchrun ranks over gloo, each stopped by SIGTERM
+after its seconds, their records in one table; a run that ends without a record; bad input."""
+
+import json
+import subprocess
+import sys
+
+from helpers import ROOT, SCRIPTS, assert_one_line_error
+
+TOOL = SCRIPTS / "tools" / "scaling_bench.py"
+SCRIPT = SCRIPTS / "ppo_classic_control_gpu.py"
+SMALL = ["--no-cuda", "--no-tensorboard", "--num-envs", "8", "--num-steps", "16", "--num-minibatches", "2"]
+
+
+def bench(tmp_path, *argv):
+    return subprocess.run([sys.executable, TOOL, *map(str, argv)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+
+
+def test_one_process_and_two_ranks_stopped_after_their_seconds(tmp_path):
+    out = tmp_path / "out"
+    # Runs far longer than 12 s unless stopped; then a run whose bad flag ends it without a record.
+    done = bench(tmp_path, "--gpus", 1, 2, "--seconds", 12, "--target", 0, "--out", out, "--", SCRIPT, *SMALL,
+                 "--total-timesteps", 10**9)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    failed = bench(tmp_path, "--gpus", 1, "--seconds", 12, "--out", out, "--", SCRIPT, *SMALL, "--gamma", 2)
+    assert failed.returncode == 0, failed.stderr
+    records = [json.loads(line) for line in (out / "scaling.jsonl").read_text().splitlines()]
+    assert [r["gpus"] for r in records] == [1, 2, 1]
+    for r in records[:2]:  # stopped by SIGTERM, as Ctrl-C would: each has its steady window
+        assert r["interrupted"] and r["steady"] and r["fps"] > 0 and r["total_timesteps"] < 10**9
+        assert r["command"].startswith("ppo_classic_control_gpu.py --no-cuda")
+    assert "exit code 2, no record" in records[2]["failed"]
+    table = (out / "scaling.md").read_text().splitlines()
+    assert table[0].startswith("| command | GPUs | env steps/s | per GPU | speed-up | efficiency |")
+    one, two = (line for line in table if "--total-timesteps 1000000000 |" in line)
+    assert "| 1 |" in one and "| 1.00x | 100% |" in one and "| 2 |" in two
+    speedup = records[1]["fps"] / records[0]["fps"]
+    assert f"| {speedup:.2f}x | {speedup / 2:.0%} |" in two
+    assert any("--gamma 2 | 1 | exit code 2, no record" in line for line in table)
+    assert len(list((out / "logs").glob("*.log"))) == 3
+
+
+def test_bad_input(tmp_path):
+    for argv, message in [
+        (["--gpus", 0, "--", SCRIPT], "--gpus 0: every count must be 1 or more"),
+        (["--seconds", 0, "--", SCRIPT], "--seconds 0.0 must be positive"),
+        (["--", ROOT / "nothing.py"], "nothing.py: no such training script"),
+        (["--gpus", 1], "the following arguments are required: command"),
+    ]:
+        assert_one_line_error(bench(tmp_path, *argv), message)
