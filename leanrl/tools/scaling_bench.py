@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from benchkit import Parser, fail, markdown_table, utc_date, write_lines, writable_folder
+from benchkit import Parser, fail, markdown_table, utc_date, writable_folder, write_lines
 
 GRACE_SECONDS = 120  # after SIGTERM: the current unit of work, the checkpoint, torchrun's teardown
 
@@ -68,9 +68,9 @@ def run(command, gpus, seconds, out):
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
     record = {"failed": f"exit code {process.returncode}, no record (see logs/{name}.log)"}
-    lines = open(speed_log).read().splitlines() if os.path.exists(speed_log) else []
-    if lines:
-        record = json.loads(lines[-1])
+    if os.path.exists(speed_log) and os.path.getsize(speed_log):
+        with open(speed_log) as f:
+            record = json.loads(f.read().splitlines()[-1])
     return {**record, "gpus": gpus, "command": " ".join([os.path.basename(script), *script_args]), "date": utc_date()}
 
 
@@ -109,7 +109,9 @@ def main():
         with open(path, "a") as f:
             f.write(json.dumps(record) + "\n")
         steady = "" if record.get("steady") else " (not steady: still in its warm-up)"
-        print(f"{gpus} GPU(s): " + (f"{record['fps']:,.0f} env steps/s{steady}" if "fps" in record else record["failed"]))
+        print(
+            f"{gpus} GPU(s): " + (f"{record['fps']:,.0f} env steps/s{steady}" if "fps" in record else record["failed"])
+        )
     with open(path) as f:
         records = [json.loads(line) for line in f]
     write_lines(os.path.join(args.out, "scaling.md"), table(records, args.target))
