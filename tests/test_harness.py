@@ -15,7 +15,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import assert_one_line_error, load_script, run_bad_input, run_main, run_main_stderr, script_path, wait_for
+from helpers import (
+    SCRIPTS,
+    assert_one_line_error,
+    load_script,
+    run_bad_input,
+    run_main,
+    run_main_stderr,
+    script_path,
+    wait_for,
+)
 
 import harness
 
@@ -348,3 +357,35 @@ def test_run_options_are_documented():
     fields = [(node.target.id, after) for node, after in pairs if isinstance(node, ast.AnnAssign)]
     assert len(fields) == len(dataclasses.fields(harness.RunOptions))
     assert all(isinstance(after, ast.Expr) and isinstance(after.value.value, str) for _, after in fields), fields
+
+
+# A rank's stop handler only notes the signal; its loop then waits for a collective that never completes (a rank
+# died), or ends as a stop should.
+STUCK_RANK = """
+import signal, sys, time
+from harness.torchrun import exit_if_stuck
+stopped = []
+signal.signal(signal.SIGTERM, lambda signum, frame: stopped.append(signum))
+exit_if_stuck(3, seconds=1)
+print("ready", flush=True)
+while not (stopped and sys.argv[1] == "stops"):
+    time.sleep(0.05)
+time.sleep(0.2)
+sys.exit(130)
+"""
+
+
+@pytest.mark.parametrize("ending", ["stuck", "stops"])
+def test_a_rank_stuck_after_a_signal_ends_with_one_line(ending):
+    rank = subprocess.Popen([sys.executable, "-c", STUCK_RANK, ending], cwd=SCRIPTS,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert rank.stdout.readline() == "ready\n"
+    rank.send_signal(signal.SIGTERM)
+    _, stderr = rank.communicate(timeout=60)
+    if ending == "stuck":
+        assert rank.returncode == 1
+        assert stderr.splitlines() == [
+            "error: rank 3 was still waiting for the other ranks 1 s after a stop signal: a rank has died or hangs"
+        ]
+    else:
+        assert rank.returncode == 130 and stderr == ""

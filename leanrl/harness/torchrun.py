@@ -5,7 +5,9 @@ import hashlib
 import json
 import os
 import random
+import signal
 import sys
+import threading
 import time
 from dataclasses import asdict
 
@@ -16,6 +18,7 @@ import torch.distributed as dist
 from .errors import fail
 
 DIST_TIMEOUT_SECONDS = 900  # a rank that died or hangs ends the job; long enough for compilation and capture
+STUCK_SECONDS = 25  # a rank not stopped this long after a signal waits for a dead one (torchrun kills it at 30)
 
 
 def world():
@@ -106,6 +109,25 @@ def join_ranks(run, network, args, global_step):
     run.rank_signal, run.stops.signal = run.stops.signal, None
     run.stops.handler = lambda signum, frame: setattr(run, "rank_signal", signum)
     run.stops.catch()
+    exit_if_stuck(dist.get_rank())
+
+
+def exit_if_stuck(rank, seconds=STUCK_SECONDS):
+    """A rank waiting in a collective for a rank that died runs no signal handler (they run between Python
+    bytecodes), and torchrun kills it without a word: `seconds` after a signal, a thread woken by it says so, and
+    ends the process. A rank that stops as it should is gone by then."""
+    wake, signalled = os.pipe()
+    os.set_blocking(signalled, False)
+    signal.set_wakeup_fd(signalled)  # written at the signal itself, whatever the main thread waits in
+
+    def watch():
+        os.read(wake, 1)
+        time.sleep(seconds)
+        print(f"error: rank {rank} was still waiting for the other ranks {seconds} s after a stop signal: a rank has "
+              "died or hangs", file=sys.__stderr__, flush=True)  # fmt: skip
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def agree_to_stop(run, device):
