@@ -203,7 +203,7 @@ def test_the_record_on_a_terminal_is_its_headline(capsys, monkeypatch):
     assert json.loads(Path("speed.jsonl").read_text()) == record
 
 
-def test_the_return_curve_gains_a_point_at_least_every_minute(capsys, monkeypatch):
+def test_the_return_curve_gains_a_point_at_least_every_curve_seconds(capsys, monkeypatch):
     """Besides one point every 1/50 of the run, a point once CURVE_SECONDS pass without one: here every step."""
     monkeypatch.setattr(harness.progress, "CURVE_SECONDS", 0.0)
     record = run_main(NAME, ["--total-timesteps", "2000", "--no-tensorboard"], capsys)

@@ -1,5 +1,6 @@
 """leanrl/tools/scaling_bench.py on the CPU: one process and two torchrun ranks over gloo, each stopped by SIGTERM
-after its seconds, their records in one table; a run that ends without a record; bad input."""
+after its seconds, their records in one table and their returns in one plot; a run that ends without a record;
+the table and plot rendered again from records alone; bad input."""
 
 import json
 import subprocess
@@ -39,6 +40,23 @@ def test_one_process_and_two_ranks_stopped_after_their_seconds(tmp_path):
     assert f"| {speedup:.2f}x | {speedup / 2:.0%} |" in two
     assert any("--gamma 2 | 1 | exit code 2, no record" in line for line in table)
     assert len(list((out / "logs").glob("*.log"))) == 3
+    assert (out / "returns.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_render_from_records_alone(tmp_path):
+    """Records gathered elsewhere: --render writes their table (time to the target off each return curve) and
+    plot, and runs nothing."""
+    out = tmp_path / "out"
+    out.mkdir()
+    record = {"command": "x.py", "gpus": 1, "fps": 100.0, "steady": True, "warmup_seconds": 5.0, "wall_seconds": 60.0,
+              "episodic_return": 9.0, "return_curve": [[100, 5.0, 1.0], [200, 15.0, 6.0], [300, 25.0, 9.0]]}  # fmt: skip
+    two = {**record, "gpus": 2, "fps": 180.0}
+    (out / "scaling.jsonl").write_text(json.dumps(record) + "\n" + json.dumps(two) + "\n")
+    done = bench(tmp_path, "--render", "--target", 5, "--out", out)
+    assert done.returncode == 0, done.stderr
+    table = (out / "scaling.md").read_text()
+    assert "| x.py | 2 | 180 | 90 | 1.80x | 90% | 5.0 | 60.0 | 9.0 | 15 (10) |" in table
+    assert (out / "returns.png").read_bytes().startswith(b"\x89PNG") and not (out / "logs").exists()
 
 
 def test_bad_input(tmp_path):
@@ -46,6 +64,7 @@ def test_bad_input(tmp_path):
         (["--gpus", 0, "--", SCRIPT], "--gpus 0: every count must be 1 or more"),
         (["--seconds", 0, "--", SCRIPT], "--seconds 0.0 must be positive"),
         (["--", ROOT / "nothing.py"], "nothing.py: no such training script"),
-        (["--gpus", 1], "the following arguments are required: command"),
+        (["--gpus", 1], "-- SCRIPT [ARGS]: the training script to run (or --render)"),
+        (["--render", "--out", tmp_path / "none"], "--render: " + str(tmp_path / "none" / "scaling.jsonl")),
     ]:
         assert_one_line_error(bench(tmp_path, *argv), message)

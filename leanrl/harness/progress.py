@@ -12,7 +12,7 @@ import tqdm
 from .errors import fail
 
 PROGRESS_SECONDS, CONSOLE_SECONDS = 1.0, 10.0  # the bar's refresh; a progress line off a terminal
-CURVE_POINTS, CURVE_SECONDS = 50, 60.0  # a return curve point every 1/50 of the run, and at least every minute
+CURVE_POINTS, CURVE_SECONDS = 50, 10.0  # a return curve point every 1/50 of the run, and at least every 10 s
 
 
 class ScalarLog:

@@ -13,8 +13,11 @@ what a user of one GPU runs) and under torchrun on N GPUs (one rank each), every
 
 Appends each run's record, with its `gpus` and the command's arguments, to OUT/scaling.jsonl, and rewrites
 OUT/scaling.md from all of that file's records: a row per script, arguments and GPU count, with the env steps/s,
-the rate per GPU, the speed-up over one GPU and the efficiency (speed-up / GPUs), the warm-up and the return.
-Each run's stdout and stderr go to OUT/logs/. A run that ends without a record is a row that says how it ended.
+the rate per GPU, the speed-up over one GPU and the efficiency (speed-up / GPUs), the warm-up and the return; and
+OUT/returns.png: each run's mean return against seconds from its start (its record's return curve). Each run's
+stdout and stderr go to OUT/logs/. A run that ends without a record is a row that says how it ended.
+`--render` rewrites scaling.md and returns.png from OUT/scaling.jsonl alone (records gathered from several
+machines or calls), running nothing.
 """
 
 import argparse
@@ -25,7 +28,7 @@ import subprocess
 import sys
 import time
 
-from benchkit import Parser, fail, markdown_table, utc_date, writable_folder, write_lines
+from benchkit import Parser, fail, markdown_table, pyplot, save_figure, utc_date, writable_folder, write_lines
 
 GRACE_SECONDS = 120  # after SIGTERM: the current unit of work, the checkpoint, torchrun's teardown
 
@@ -36,8 +39,15 @@ def parse_args():
     parser.add_argument("--seconds", type=float, default=60.0, help="stop each run after this many seconds")
     parser.add_argument("--target", type=float, help="also report when the mean return first reached this")
     parser.add_argument("--out", default="runs/scaling", help="folder of scaling.jsonl, scaling.md and logs/")
-    parser.add_argument("command", nargs="+", help="-- SCRIPT [ARGS]: the training script and its arguments")
+    parser.add_argument("--render", action="store_true", help="only rewrite the table and plot of OUT's records")
+    parser.add_argument("command", nargs="*", help="-- SCRIPT [ARGS]: the training script and its arguments")
     args = parser.parse_args()
+    if args.render:
+        if not os.path.isfile(os.path.join(args.out, "scaling.jsonl")):
+            fail(f"--render: {os.path.join(args.out, 'scaling.jsonl')}: no records to render")
+        return args
+    if not args.command:
+        fail("-- SCRIPT [ARGS]: the training script to run (or --render)")
     if any(n < 1 for n in args.gpus):
         fail(f"--gpus {' '.join(map(str, args.gpus))}: every count must be 1 or more")
     if not args.seconds > 0:
@@ -101,10 +111,28 @@ def table(records, target):
     return markdown_table(header, rows)
 
 
+def plot_returns(records, path):
+    """Mean return against seconds from the start, a line per run that has a return curve."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    shared = set.intersection(*[set(r["command"].split()) for r in records])  # left out of the labels
+    for r in records:
+        if r.get("return_curve"):
+            seconds, returns = zip(*[(t, mean) for _, t, mean in r["return_curve"] if mean is not None])
+            own = " ".join(word for word in r["command"].split() if word not in shared)
+            ax.plot(seconds, returns, marker="o", markersize=3, label=f"{own}, {r['gpus']} GPU(s)")
+    ax.set_xlabel("seconds from the start (warm-up included)")
+    ax.set_ylabel("mean episodic return")
+    ax.grid(True, alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=6)
+    save_figure(fig, path)
+
+
 def main():
     args = parse_args()
     path = os.path.join(args.out, "scaling.jsonl")
-    for gpus in args.gpus:
+    for gpus in [] if args.render else args.gpus:
         record = run(args.command, gpus, args.seconds, args.out)
         with open(path, "a") as f:
             f.write(json.dumps(record) + "\n")
@@ -115,7 +143,8 @@ def main():
     with open(path) as f:
         records = [json.loads(line) for line in f]
     write_lines(os.path.join(args.out, "scaling.md"), table(records, args.target))
-    print(f"wrote {os.path.join(args.out, 'scaling.md')}")
+    plot_returns(records, os.path.join(args.out, "returns.png"))
+    print(f"wrote {os.path.join(args.out, 'scaling.md')} and returns.png")
 
 
 if __name__ == "__main__":
