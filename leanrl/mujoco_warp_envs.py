@@ -5,6 +5,7 @@ worlds on the device that torch uses, with gymnasium's time limit, same-step aut
     envs = Envs(env_id, num_envs, gamma, device)  # the twins: CapturableEnvs, whose physics joins torch's CUDA graphs
     next_obs, reward, done, final_obs, bootstrapped = envs.step(action)  # normalised, as PPO trains on them
     next_obs, final_obs, reward, terminated, truncated = envs.step_raw(action)  # raw; envs.obs_rms to normalise
+    env = gymnasium_env(env_id, video_folder)  # --eval-checkpoint's: gymnasium's own, which renders videos
 """
 
 import math
@@ -144,6 +145,16 @@ def saved_obs_rms(envs_state, device):
     for key in ("mean", "var", "count"):
         getattr(obs_rms, key).copy_(envs_state[f"obs_{key}"])
     return obs_rms
+
+
+def gymnasium_env(env_id, video_folder=None):
+    """gymnasium's own env of env_id with RecordEpisodeStatistics, on which --eval-checkpoint plays the saved policy
+    (MuJoCo's C simulator, which the batched worlds reproduce). The Warp worlds render nothing; this env does: with a
+    video_folder, RecordVideo records every episode there as the gymnasium-based scripts do (rl-video-episode-N.mp4)."""
+    env = gym.make(env_id, render_mode="rgb_array" if video_folder else None)
+    if video_folder:
+        env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=lambda episode: True, disable_logger=True)
+    return gym.wrappers.RecordEpisodeStatistics(env)
 
 
 @contextmanager

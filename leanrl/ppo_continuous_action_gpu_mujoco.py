@@ -6,7 +6,6 @@ import sys
 import time
 from dataclasses import dataclass
 
-import gymnasium as gym
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -28,7 +27,7 @@ from harness import (
     setup_distributed,
     world,
 )
-from mujoco_warp_envs import ENVS, Envs, RunningMeanStd, saved_obs_rms
+from mujoco_warp_envs import ENVS, Envs, RunningMeanStd, gymnasium_env, saved_obs_rms
 
 
 @dataclass
@@ -67,6 +66,8 @@ class Args(RunOptions):
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
     """stop the epochs of an update early once the approximate KL divergence exceeds this threshold"""
+    capture_video: bool = False
+    """record --eval-checkpoint's episodes as videos under videos/<run name>/ (training's Warp worlds render none)"""
 
 
 # Iterations that count as warm-up: the fps window starts after them.
@@ -209,6 +210,8 @@ def check_args(args):
     _, world_size = world()
     if args.env_id not in ENVS:
         fail(f"--env-id {args.env_id!r} is not one of this script's environments: {', '.join(ENVS)}")
+    if args.capture_video and not args.eval_checkpoint:
+        fail("--capture-video records the episodes of --eval-checkpoint: the MuJoCo Warp worlds render no frames")
     batch = f"--num-envs {args.num_envs} * --num-steps {args.num_steps} = {args.num_envs * args.num_steps}"
     if args.num_envs * args.num_steps % args.num_minibatches:
         fail(f"{batch} does not split evenly into --num-minibatches {args.num_minibatches}")
@@ -328,7 +331,7 @@ def evaluate(args, run, saved):
     """--eval-checkpoint: the saved policy's deterministic action (its mean), episode after episode on gymnasium's own
     env of the same id (MuJoCo's C simulator, which the batched envs reproduce), observations normalised with the
     saved statistics, frozen."""
-    env = gym.wrappers.RecordEpisodeStatistics(gym.make(args.env_id))
+    env = gymnasium_env(args.env_id, run.video_folder)
     n_obs, n_act = env.observation_space.shape[0], env.action_space.shape[0]
     net = ActorCritic(n_obs, n_act, device=run.device)
     net.load_state_dict(saved["net"])
@@ -339,8 +342,8 @@ def evaluate(args, run, saved):
             action = net.actor_mean(obs_rms.normalize(torch.as_tensor(obs, device=run.device)[None]))[0]
         obs, _, terminated, truncated, info = env.step(action.clamp(-1, 1).cpu().numpy())
         if terminated or truncated:
+            obs, _ = env.reset()  # first: RecordVideo writes an episode's video as the next one starts
             yield info["episode"]["r"]
-            obs, _ = env.reset()
 
 
 def main(argv=None):

@@ -8,7 +8,6 @@ import sys
 import time
 from dataclasses import dataclass
 
-import gymnasium as gym
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -19,7 +18,7 @@ from tensordict.nn import CudaGraphModule
 
 from harness import Run, RunOptions, agree_to_stop, average, check_ranks_agree, exit_code, fail, flat_gradients
 from harness import join_ranks, parse_args, setup_distributed, world
-from mujoco_warp_envs import ENVS, CapturableEnvs, saved_obs_rms
+from mujoco_warp_envs import ENVS, CapturableEnvs, gymnasium_env, saved_obs_rms
 
 
 @dataclass
@@ -67,6 +66,8 @@ class Args(RunOptions):
     """the width of the actor's first layer (then halved twice)"""
     amp: bool = False
     """bf16 autocast of the networks in the updates and the policy (FastTD3's --amp): faster, not fp32's result"""
+    capture_video: bool = False
+    """record --eval-checkpoint's episodes as videos under videos/<run name>/ (training's Warp worlds render none)"""
     compile: bool = False
     """compile the update and policy functions with torch.compile"""
     cudagraphs: bool = False
@@ -357,6 +358,8 @@ def check_args(args):
     _, world_size = world()  # under torchrun --total-timesteps counts the env steps of all ranks
     if args.env_id not in ENVS:
         fail(f"--env-id {args.env_id!r} is not one of this script's environments: {', '.join(ENVS)}")
+    if args.capture_video and not args.eval_checkpoint:
+        fail("--capture-video records the episodes of --eval-checkpoint: the MuJoCo Warp worlds render no frames")
     for name, ranks in (("total_timesteps", world_size), ("batch_size", 1)):
         if getattr(args, name) % (args.num_envs * ranks):
             fail(f"--{name.replace('_', '-')} {getattr(args, name)} must be a multiple of --num-envs {args.num_envs}"
@@ -431,7 +434,7 @@ def evaluate(args, run, saved):
     """--eval-checkpoint: the saved actor's action without exploration noise, episode after episode on gymnasium's
     own env of the same id (MuJoCo's C simulator, which the batched envs reproduce), observations normalised with
     the saved statistics, frozen."""
-    env = gym.wrappers.RecordEpisodeStatistics(gym.make(args.env_id))
+    env = gymnasium_env(args.env_id, run.video_folder)
     n_obs, n_act = env.observation_space.shape[0], env.action_space.shape[0]
     low, high = (torch.as_tensor(bound, device=run.device) for bound in (env.action_space.low, env.action_space.high))
     actor = Actor(n_obs, n_act, args.actor_hidden_dim, low, high, device=run.device)
@@ -443,8 +446,8 @@ def evaluate(args, run, saved):
             action = actor(obs_rms.normalize(torch.as_tensor(obs, device=run.device)[None]))[0]
         obs, _, terminated, truncated, info = env.step(action.cpu().numpy())
         if terminated or truncated:
+            obs, _ = env.reset()  # first: RecordVideo writes an episode's video as the next one starts
             yield info["episode"]["r"]
-            obs, _ = env.reset()
 
 
 def main(argv=None):
