@@ -81,12 +81,13 @@ def test_args_documented_and_twin_flags(path):
 
 @pytest.mark.parametrize("base", [p for p in SCRIPTS if not p.stem.endswith("_torchcompile")], ids=lambda p: p.stem)
 def test_twin_keeps_the_baseline_algorithm_parts(base):
-    """What no trick touches stays identical in the twin: Args' algorithm fields, the networks, the checks."""
+    """What no trick touches stays identical in the twin: Args' algorithm fields, the networks, the checks, the
+    evaluation (so that a test of the baseline's evaluation, its video, covers the twin's)."""
     twin = base.with_name(base.stem + "_torchcompile.py")
     twin_only = ("compile", "cudagraphs", "fused_rollout")  # fused_rollout: the GPU classic-control twin's kernel
     assert {k: v for k, v in args_fields(twin).items() if k not in twin_only} == args_fields(base)
     parts_base, parts_twin = top_level(base), top_level(twin)
-    for name in ("check_args", "layer_init", "SoftQNetwork", "QNetwork", "linear_schedule", "STATS", "WARMUP_STEPS",
-                 "WARMUP_ITERATIONS"):  # fmt: skip
+    for name in ("check_args", "evaluate", "layer_init", "SoftQNetwork", "QNetwork", "linear_schedule", "STATS",
+                 "WARMUP_STEPS", "WARMUP_ITERATIONS"):  # fmt: skip
         if name in parts_base:
             assert parts_twin.get(name) == parts_base[name], f"{name} differs between {base.stem} and its twin"
