@@ -1,5 +1,5 @@
 """Helpers every test module shares: load a training script as a module, run it in this process or as a user
-does, and check its speed record, its error lines, its TensorBoard scalars and its profiler trace."""
+does, and check its speed record, its error lines, its TensorBoard scalars, its profiler trace and its videos."""
 
 import functools
 import importlib.util
@@ -131,6 +131,21 @@ def run_bad_input(name, argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         load_script(name).main(argv)
     return SimpleNamespace(returncode=exit_info.value.code, stderr=capsys.readouterr().err)
+
+
+def is_mp4(path):
+    data = Path(path).read_bytes()
+    return len(data) > 1000 and data[4:8] == b"ftyp"
+
+
+def assert_evaluation_video(name, checkpoint):
+    """--eval-checkpoint with --capture-video, one episode: one MP4 file, rl-video-episode-0.mp4, under
+    videos/<run name>/, as gymnasium's RecordVideo names it."""
+    record = load_script(name).main(["--eval-checkpoint", checkpoint, "--eval-episodes", "1", "--capture-video"])
+    (folder,) = Path("videos").iterdir()
+    assert folder.name.startswith(f"{record['env_id']}__{name}__"), folder.name
+    assert [video.name for video in folder.iterdir()] == ["rl-video-episode-0.mp4"]
+    assert is_mp4(folder / "rl-video-episode-0.mp4")
 
 
 def wait_for(path, proc, seconds=120):

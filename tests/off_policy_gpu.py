@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import (
+    assert_evaluation_video,
     assert_one_line_error,
     assert_same_update,
     assert_steady,
@@ -36,6 +37,7 @@ TWIN_RUNS = [pytest.param(mode, id=mode_id(mode)) for mode in TWIN_MODES]
 # Bad input that both twins refuse: (argv, fragments the error line must name).
 BAD_INPUT = [
     (["--env-id", "HumanoidStandup-v5"], ["--env-id 'HumanoidStandup-v5'"]),
+    (["--capture-video"], ["--capture-video", "--eval-checkpoint", "render no frames"]),
     (["--num-envs", "3"], ["--total-timesteps 51200000", "--num-envs 3"]),
     (["--batch-size", "1000", "--num-envs", "64"], ["--batch-size 1000", "--num-envs 64"]),
     (["--buffer-size", "1024"], ["--buffer-size 1024", "--batch-size 32768"]),
@@ -198,6 +200,14 @@ def check_twin_runs_humanoid(algo, capsys):
     record = run_main(algo.fast, argv, capsys)
     assert_steady(record, 200)
     assert record["env_id"] == "Humanoid-v5" and 50 < record["episodic_return"] < 300
+
+
+def check_evaluation_video(algo, capsys):
+    """--eval-checkpoint --capture-video: the baseline's saved actor on gymnasium's Humanoid-v5 (an untrained one falls
+    within some 50 steps: few frames to render), its episode one MP4 file under videos/<run name>/. The twin's
+    evaluate is the baseline's (test_contract.py)."""
+    run_main(algo.base, ["--env-id", "Humanoid-v5", *TINY[2:], "--save-dir", "run"], capsys)
+    assert_evaluation_video(algo.base, "run")
 
 
 def bandit_batch(n=256):

@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from helpers import load_script, run_main, run_main_stderr
+from helpers import is_mp4, load_script, run_main, run_main_stderr
 
 import harness
 
@@ -70,11 +70,6 @@ def assert_same(a, b, where="state"):
             assert_same(x, y, f"{where}[{i}]")
     else:
         assert a == b, where
-
-
-def is_mp4(path):
-    data = Path(path).read_bytes()
-    return len(data) > 1000 and data[4:8] == b"ftyp"
 
 
 def train_tiny(name, capsys, total, *argv):

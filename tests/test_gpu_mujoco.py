@@ -1,7 +1,7 @@
 """PPO continuous on MuJoCo Warp (leanrl/ppo_continuous_action_gpu_mujoco.py and its _torchcompile twin) on the CPU,
 Warp's CPU device: both scripts through their update (the twin in every mode), the twin's rollout (make_collect), GAE
-and update against the baseline's, a resumed run against an uninterrupted one, evaluation, a learning test, bad input.
-The envs themselves (leanrl/mujoco_warp_envs.py) are test_mujoco_warp_envs.py's.
+and update against the baseline's, a resumed run against an uninterrupted one, evaluation and its video, a learning
+test, bad input. The envs themselves (leanrl/mujoco_warp_envs.py) are test_mujoco_warp_envs.py's.
 
 Warp builds its kernels on first use (one to two minutes for the first model on the 2-core CPU, seconds for each
 other; cached in ~/.cache/warp), inside the first test that makes envs."""
@@ -18,6 +18,7 @@ import torch
 from helpers import (
     MODES,
     PHASES,
+    assert_evaluation_video,
     assert_one_line_error,
     assert_return_curve,
     assert_steady,
@@ -122,6 +123,14 @@ def test_resume_is_the_uninterrupted_run(name, capsys, monkeypatch):
     assert_equal(whole["rng"], parts["rng"])
     evaluation = load_script(name).main(["--eval-checkpoint", "parts", "--eval-episodes", "1"])
     assert evaluation["episodes"] == 1 and np.isfinite(evaluation["mean"])
+
+
+def test_evaluation_video(capsys):
+    """--eval-checkpoint --capture-video: the saved policy's episode on gymnasium's Humanoid-v5 (an untrained one falls
+    within some 60 steps: few frames to render), rendered by MuJoCo into one MP4 file under videos/<run name>/. The
+    twin's evaluate is the baseline's (test_contract.py)."""
+    run_main(NAME, tiny("Humanoid-v5") + ["--save-dir", "run"], capsys)
+    assert_evaluation_video(NAME, "run")
 
 
 def assert_equal(a, b, where="state"):
@@ -290,6 +299,7 @@ def test_equivalence_cuda(compile):
 
 BAD_INPUT = [
     (["--env-id", "HalfCheetah-v4"], ["HalfCheetah-v4", "HalfCheetah-v5, Hopper-v5, Walker2d-v5, Ant-v5, Humanoid-v5"]),
+    (["--capture-video"], ["--capture-video", "--eval-checkpoint", "render no frames"]),
     (["--num-envs", "0"], ["--num-envs 0"]),
     (["--num-steps", "0"], ["--num-steps 0"]),
     (["--num-envs", "4", "--num-steps", "6", "--num-minibatches", "5"], ["= 24", "--num-minibatches 5"]),

@@ -2,9 +2,9 @@
 CPU device: the twin's update (vmapped critics, fused target update, the entropy coefficient on the device) against
 the baseline's from the same parameters and batches, eager, compiled and with --amp; the squashed Gaussian policy;
 both scripts through their update (the twin in its modes; --cudagraphs falls back to no graphs on the CPU) and their
-logged statistics; the per-env replay buffer; a learning check that a broken update fails; bad input. The envs
-(leanrl/mujoco_warp_envs.py) are test_mujoco_warp_envs.py's. The checks that the TD3 pair shares are
-off_policy_gpu.py's; what is SAC's is here, with the pair's Algo.
+logged statistics; the per-env replay buffer; the evaluation's video; a learning check that a broken update fails;
+bad input. The envs (leanrl/mujoco_warp_envs.py) are test_mujoco_warp_envs.py's. The checks that the TD3 pair shares
+are off_policy_gpu.py's; what is SAC's is here, with the pair's Algo.
 
 Warp's kernels load from ~/.cache/warp (a first build takes a minute or two on the 2-core CPU)."""
 
@@ -116,6 +116,10 @@ def test_twin_runs(mode, capsys):
 
 def test_twin_runs_humanoid(capsys):
     opg.check_twin_runs_humanoid(SAC, capsys)
+
+
+def test_evaluation_video(capsys):
+    opg.check_evaluation_video(SAC, capsys)
 
 
 @pytest.mark.parametrize("name, fixed_alpha", [(NAME, False), (FAST, True)], ids=["autotune", "fixed-alpha"])

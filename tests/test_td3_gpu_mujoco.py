@@ -1,9 +1,10 @@
 """TD3 at GPU scale with the FastTD3 recipe (leanrl/td3_gpu_mujoco.py and its _torchcompile twin) on the CPU, Warp's
 CPU device: C51's projection against a direct reference; the twin's update (vmapped critics, fused target update)
 against the baseline's from the same parameters and batches, eager and compiled; the per-env replay buffer; both
-scripts through their update (the twin in its modes; --cudagraphs falls back to no graphs on the CPU); a learning
-check that a broken update fails; bad input. The envs themselves are test_gpu_mujoco.py's (the same class). The
-checks that the SAC pair shares are off_policy_gpu.py's; what is TD3's is here, with the pair's Algo.
+scripts through their update (the twin in its modes; --cudagraphs falls back to no graphs on the CPU); the
+evaluation's video; a learning check that a broken update fails; bad input. The envs themselves are
+test_gpu_mujoco.py's (the same class). The checks that the SAC pair shares are off_policy_gpu.py's; what is TD3's is
+here, with the pair's Algo.
 
 Warp's kernels load from ~/.cache/warp (a first build takes a minute or two on the 2-core CPU)."""
 
@@ -138,6 +139,10 @@ def test_twin_runs(mode, capsys):
 
 def test_twin_runs_humanoid(capsys):
     opg.check_twin_runs_humanoid(TD3, capsys)
+
+
+def test_evaluation_video(capsys):
+    opg.check_evaluation_video(TD3, capsys)
 
 
 @pytest.mark.parametrize("name, amp", opg.bandit_runs(TD3))
