@@ -229,26 +229,39 @@ def run_interrupted(name, argv, at_step, capsys, monkeypatch):
     return record
 
 
-def first_rollout(name, argv, capsys, monkeypatch):
-    """One iteration of a PPO script run with argv: its rollout storage, and GAE's inputs and outputs."""
+def record_run(name, argv, capsys, monkeypatch):
+    """Run main() of a PPO or PQN script with argv, recording its rollout storages, its agents, the calls of its
+    returns function (make_update_fns' first: GAE or Q(lambda); inputs and outputs, cloned) and of its update:
+    (record, seen)."""
     script = load_script(name)
-    seen = {}
+    seen = SimpleNamespace(rollouts=[], agents=[], returns=[], updates=[])
 
     class Recording(script.Rollout):
-        def __init__(self, *args):
-            super().__init__(*args)
-            seen["rollout"] = self
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            seen.rollouts.append(self)
 
     def make_update_fns(agent, args, make=script.make_update_fns):
-        gae, *others = make(agent, args)
+        returns_fn, update, *others = make(agent, args)
+        seen.agents.append(agent)
 
-        def recording_gae(*inputs):
-            seen["gae"] = [x.clone() for x in inputs] + list(gae(*inputs))
-            return seen["gae"][-2:]
+        def recorded_returns(*inputs):
+            outputs = returns_fn(*inputs)
+            seen.returns.append([x.clone() for x in (*inputs, *(outputs if isinstance(outputs, tuple) else [outputs]))])
+            return outputs
 
-        return recording_gae, *others
+        def recorded_update(*minibatch):
+            seen.updates.append(minibatch)
+            return update(*minibatch)
+
+        return recorded_returns, recorded_update, *others
 
     monkeypatch.setattr(script, "Rollout", Recording)
     monkeypatch.setattr(script, "make_update_fns", make_update_fns)
-    run_main(name, argv, capsys)
-    return seen["rollout"], seen["gae"]
+    return run_main(name, argv, capsys), seen
+
+
+def first_rollout(name, argv, capsys, monkeypatch):
+    """One run of a PPO or PQN script: its first rollout storage, and its first returns call's inputs and outputs."""
+    _, seen = record_run(name, argv, capsys, monkeypatch)
+    return seen.rollouts[0], seen.returns[0]

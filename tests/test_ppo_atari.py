@@ -3,7 +3,6 @@ and update equivalence of the compiled variant with the baseline, whole-game epi
 improve a fixed batch, TensorBoard scalars, resume and evaluation of a checkpoint, Ctrl-C, bad input."""
 
 import json
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,6 +17,7 @@ from helpers import (
     assert_trace_phases,
     load_script,
     mode_id,
+    record_run,
     requires_cuda,
     run_bad_input,
     run_cli,
@@ -45,38 +45,6 @@ def test_baseline_iterations(capsys):
 @pytest.mark.parametrize("mode", MODES, ids=mode_id)
 def test_compiled_iterations(mode, capsys):
     assert_steady(run_mode(FAST, TINY, mode, capsys), 128)
-
-
-def record_run(name, argv, capsys, monkeypatch):
-    """Run main() with its rollout storage, its agent and the calls of its GAE and update recorded."""
-    module = load_script(name)
-    seen = SimpleNamespace(rollouts=[], agents=[], gae=[], updates=[])
-
-    class Rollout(module.Rollout):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            seen.rollouts.append(self)
-
-    make_update_fns = module.make_update_fns
-
-    def recording_make_update_fns(agent, args):
-        gae, update, *policy = make_update_fns(agent, args)
-        seen.agents.append(agent)
-
-        def recorded_gae(*inputs):
-            outputs = gae(*inputs)
-            seen.gae.append([t.clone() for t in inputs + outputs])
-            return outputs
-
-        def recorded_update(*minibatch):
-            seen.updates.append(minibatch)
-            return update(*minibatch)
-
-        return recorded_gae, recorded_update, *policy
-
-    monkeypatch.setattr(module, "Rollout", Rollout)
-    monkeypatch.setattr(module, "make_update_fns", recording_make_update_fns)
-    return run_main(name, argv, capsys), seen
 
 
 @pytest.mark.parametrize("name", [BASE, FAST])
@@ -119,7 +87,7 @@ def test_first_rollout_matches_baseline(capsys, monkeypatch):
     for key in ("obs", "actions", "logprobs", "values", "rewards", "dones"):
         torch.testing.assert_close(getattr(rollout_f, key).float(), getattr(rollout_b, key), msg=key)
     # next_obs, next_done, rewards, values, dones, advantages, returns
-    for inputs_f, inputs_b in zip(fast.gae[0], base.gae[0]):
+    for inputs_f, inputs_b in zip(fast.returns[0], base.returns[0]):
         torch.testing.assert_close(inputs_f.float(), inputs_b)
 
 

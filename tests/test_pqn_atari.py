@@ -3,7 +3,6 @@ returns and update equivalence of the twin with the baseline, updates that move 
 evaluation of a checkpoint, Ctrl-C, bad input. Learning itself is tested on CartPole (test_pqn_classic_control_gpu.py):
 the algorithm is the same, and Atari learns too slowly for a CPU test."""
 
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ from helpers import (
     assert_steady,
     load_script,
     mode_id,
+    record_run,
     requires_cuda,
     run_bad_input,
     run_cli,
@@ -44,38 +44,6 @@ def test_compiled_iterations(mode, capsys):
     assert_steady(run_mode(FAST, TINY, mode, capsys), 128)
 
 
-def record_run(name, argv, capsys, monkeypatch):
-    """Run main() with its rollout storage, its agent and the calls of its returns and update recorded."""
-    module = load_script(name)
-    seen = SimpleNamespace(rollouts=[], agents=[], q_lambda=[], updates=[])
-
-    class Rollout(module.Rollout):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            seen.rollouts.append(self)
-
-    make_update_fns = module.make_update_fns
-
-    def recording_make_update_fns(agent, args):
-        q_lambda, update, *policy = make_update_fns(agent, args)
-        seen.agents.append(agent)
-
-        def recorded_q_lambda(*inputs):
-            returns = q_lambda(*inputs)
-            seen.q_lambda.append([t.clone() for t in (*inputs, returns)])
-            return returns
-
-        def recorded_update(*minibatch):
-            seen.updates.append(minibatch)
-            return update(*minibatch)
-
-        return recorded_q_lambda, recorded_update, *policy
-
-    monkeypatch.setattr(module, "Rollout", Rollout)
-    monkeypatch.setattr(module, "make_update_fns", recording_make_update_fns)
-    return run_main(name, argv, capsys), seen
-
-
 def test_first_rollout_matches_baseline(capsys, monkeypatch):
     """One seed gives both scripts the same first rollout: the same frames, epsilon-greedy actions, greedy values,
     rewards and done flags in the same slots, and the same returns. This checks the twin's staging (pinned buffers,
@@ -89,7 +57,7 @@ def test_first_rollout_matches_baseline(capsys, monkeypatch):
     for key in ("obs", "actions", "values", "rewards", "dones"):
         torch.testing.assert_close(getattr(rollout_f, key).float(), getattr(rollout_b, key).float(), msg=key)
     # next_obs, next_done, rewards, values, dones, returns
-    for inputs_f, inputs_b in zip(fast.q_lambda[0], base.q_lambda[0], strict=True):
+    for inputs_f, inputs_b in zip(fast.returns[0], base.returns[0], strict=True):
         torch.testing.assert_close(inputs_f.float(), inputs_b)
 
 

@@ -15,6 +15,7 @@ from helpers import (
     assert_return_curve,
     assert_same_update,
     assert_steady,
+    first_rollout,
     load_script,
     mode_id,
     requires_cuda,
@@ -146,33 +147,6 @@ def test_first_rollout_is_the_same(mode, capsys, monkeypatch):
     for x_f, x_b in zip(returns_f, returns_b, strict=True):
         torch.testing.assert_close(x_f, x_b)
     assert rollout_b.dones.any() and rollout_b.actions.unique().numel() == N_ACT
-
-
-def first_rollout(name, argv, capsys, monkeypatch):
-    """One iteration of a PQN script run with argv: its rollout storage, and the Q(lambda) returns' inputs and
-    output."""
-    script = load_script(name)
-    seen = {}
-
-    class Recording(script.Rollout):
-        def __init__(self, *args):
-            super().__init__(*args)
-            seen["rollout"] = self
-
-    def make_update_fns(agent, args, make=script.make_update_fns):
-        q_lambda, *others = make(agent, args)
-
-        def recording_q_lambda(*inputs):
-            returns = q_lambda(*inputs)
-            seen["q_lambda"] = [x.clone() for x in (*inputs, returns)]
-            return returns
-
-        return recording_q_lambda, *others
-
-    monkeypatch.setattr(script, "Rollout", Recording)
-    monkeypatch.setattr(script, "make_update_fns", make_update_fns)
-    run_main(name, argv, capsys)
-    return seen["rollout"], seen["q_lambda"]
 
 
 def make_pair(compile, cudagraphs, device, **kwargs):
