@@ -229,6 +229,21 @@ def run_interrupted(name, argv, at_step, capsys, monkeypatch):
     return record
 
 
+def assert_equal(a, b, where="state"):
+    """Nested dicts, lists and tuples of tensors and plain values, equal bit for bit; `where` names a difference."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_equal(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_equal(x, y, f"{where}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), where
+    else:
+        assert a == b, where
+
+
 def record_run(name, argv, capsys, monkeypatch):
     """Run main() of a PPO or PQN script with argv, recording its rollout storages, its agents, the calls of its
     returns function (make_update_fns' first: GAE or Q(lambda); inputs and outputs, cloned) and of its update:

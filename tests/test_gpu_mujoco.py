@@ -18,6 +18,7 @@ import torch
 from helpers import (
     MODES,
     PHASES,
+    assert_equal,
     assert_evaluation_video,
     assert_one_line_error,
     assert_return_curve,
@@ -131,20 +132,6 @@ def test_evaluation_video(capsys):
     twin's evaluate is the baseline's (test_contract.py)."""
     run_main(NAME, tiny("Humanoid-v5") + ["--save-dir", "run"], capsys)
     assert_evaluation_video(NAME, "run")
-
-
-def assert_equal(a, b, where="state"):
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for key in a:
-            assert_equal(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, (list, tuple)):
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            assert_equal(x, y, f"{where}[{i}]")
-    elif isinstance(a, torch.Tensor):
-        assert torch.equal(a, b), where
-    else:
-        assert a == b, where
 
 
 @pytest.mark.parametrize("name", [NAME, FAST])

@@ -11,6 +11,7 @@ import torch
 from helpers import (
     MODES,
     assert_cudagraphs_fallback,
+    assert_equal,
     assert_one_line_error,
     assert_return_curve,
     assert_same_update,
@@ -112,20 +113,6 @@ def test_resume_is_the_uninterrupted_run(name, capsys, monkeypatch):
     assert_equal(whole["rng"], parts["rng"])
     evaluation = load_script(name).main(["--eval-checkpoint", "parts", "--eval-episodes", "1"])
     assert evaluation["episodes"] == 1 and 1 <= evaluation["mean"] <= 500
-
-
-def assert_equal(a, b, where="state"):
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for key in a:
-            assert_equal(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, (list, tuple)):
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            assert_equal(x, y, f"{where}[{i}]")
-    elif isinstance(a, torch.Tensor):
-        assert torch.equal(a, b), where
-    else:
-        assert a == b, where
 
 
 # ---- equivalence of the twin with the baseline
