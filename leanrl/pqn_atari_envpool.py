@@ -4,13 +4,13 @@ import random
 import sys
 from dataclasses import dataclass
 
-import envpool
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
 
+from envpool_atari import EpisodeReturns, make_envs
 from harness import Run, RunOptions, exit_code, fail, parse_args
 
 
@@ -48,35 +48,6 @@ class Args(RunOptions):
 
 WARMUP_ITERATIONS = 3  # iterations before the fps window opens; --profile-dir profiles the one after them
 STATS = ("td_loss", "q_values")
-
-
-def make_envs(env_id, num_envs, seed):
-    """envpool's Atari preprocessing: 4 stacked 84x84 gray frames, episodic life, rewards clipped to their sign."""
-    if env_id not in envpool.list_all_envs():
-        fail(f"unknown env id {env_id!r}: not an envpool environment")
-    if "episodic_life" not in envpool.make_spec(env_id).config._fields:
-        fail(f"{env_id} is not an envpool Atari game")
-    return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, episodic_life=True,
-                        reward_clip=True)  # fmt: skip
-
-
-class EpisodeReturns:
-    """Whole games' unclipped returns (info["reward"]): a lost life ends an episode for the learner only; a game ends
-    at game over (info["terminated"]) or its time limit (truncated), and envpool's reset step then has reward 0."""
-
-    def __init__(self, num_envs):
-        self.running = np.zeros(num_envs)
-        self.lengths = np.zeros(num_envs, dtype=np.int64)
-
-    def add(self, info, truncations):
-        """Count one env step; return (return, length) of each game that ended in it."""
-        self.running += info["reward"]
-        self.lengths += 1
-        game_over = info["terminated"].astype(bool) | truncations
-        ended = list(zip(self.running[game_over].tolist(), self.lengths[game_over].tolist()))
-        self.running[game_over] = 0.0
-        self.lengths[game_over] = 0
-        return ended
 
 
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):

@@ -12,11 +12,9 @@ from contextlib import redirect_stderr, redirect_stdout
 from types import SimpleNamespace
 
 import pytest
-from helpers import SCRIPTS, assert_one_line_error, load_script
+from helpers import MODULES, SCRIPTS, assert_one_line_error, load_script
 
 TOOL = load_script("tools/bundle")
-# The project's modules beside the scripts (test_contract.py's list); every other leanrl/*.py is a training script.
-MODULES = ("harness", "torch_classic_control", "mujoco_warp_envs", "fused_rollout")
 NAMES = sorted(path.stem for path in SCRIPTS.glob("*.py") if path.stem not in MODULES)
 # Each script's tiny CPU run, whole iterations that update the networks at least once: its flags and its env steps.
 OFF_POLICY = ["--env-id", "Pendulum-v1", "--learning-starts", "40", "--batch-size", "16", "--buffer-size", "1000",

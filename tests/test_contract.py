@@ -1,15 +1,13 @@
-"""What every training script shares (docs/contract.md): it imports the harness and the GPU env modules and no other
+"""What every training script shares (docs/contract.md): it imports the harness and the env modules and no other
 file of the project; its algorithm comes first, a network or env class early in the file, its entry point last; Args
 documented; the twin keeping the baseline's algorithm parts."""
 
 import ast
-from pathlib import Path
 
 import pytest
+from helpers import MODULES
+from helpers import SCRIPTS as LEANRL
 
-LEANRL = Path(__file__).resolve().parents[1] / "leanrl"
-# The project's modules a script may import besides third-party packages: the harness and the GPU envs.
-MODULES = ("harness", "torch_classic_control", "mujoco_warp_envs", "fused_rollout")
 SCRIPTS = sorted(path for path in LEANRL.glob("*.py") if path.stem not in MODULES)
 BASELINES = (
     "dqn", "ppo_atari_envpool", "ppo_classic_control_gpu", "ppo_continuous_action", "ppo_continuous_action_gpu_mujoco",

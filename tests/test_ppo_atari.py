@@ -100,25 +100,6 @@ def test_finished_games_give_returns(capsys):
     assert_return_curve(record)
 
 
-@pytest.mark.parametrize("name", [BASE, FAST])
-def test_episode_returns_are_whole_games_of_unclipped_reward(name):
-    """Each game that ends gives its (return, length): unclipped rewards summed over every life."""
-    episodes = load_script(name).EpisodeReturns(2)
-
-    def step(reward, lives, terminated, truncated):
-        info = {"reward": np.array(reward, dtype=np.float32), "lives": np.array(lives, dtype=np.int32),
-                "terminated": np.array(terminated, dtype=np.int32)}  # fmt: skip
-        return episodes.add(info, np.array(truncated))
-
-    assert step([4.0, 1.0], [5, 5], [0, 0], [False, False]) == []
-    assert step([0.0, 7.0], [4, 5], [0, 0], [False, False]) == []  # env 0 loses a life: its game goes on
-    assert step([0.0, 0.0], [4, 5], [0, 0], [False, False]) == []  # envpool's reset step after a lost life
-    assert step([1.0, 0.0], [0, 5], [1, 0], [False, False]) == [(5.0, 4)]  # game over: 4 + 1, unclipped
-    assert step([0.0, 1.0], [5, 5], [0, 0], [False, True]) == [(9.0, 5)]  # env 1 hits the time limit: 1 + 7 + 1
-    assert step([7.0, 0.0], [5, 5], [0, 0], [False, False]) == []  # env 0's new game starts from zero
-    assert step([0.0, 0.0], [0, 0], [1, 1], [False, False]) == [(7.0, 3), (0.0, 2)]
-
-
 def random_rollout(gen):
     """A rollout's worth of made-up data, with episode ends inside it and at its end."""
     obs = torch.randint(0, 256, (NUM_STEPS, NUM_ENVS, 4, 84, 84), dtype=torch.uint8, generator=gen)
