@@ -247,6 +247,20 @@ def assert_equal(a, b, where="state"):
         assert a == b, where
 
 
+def agent_pair(base_name, fast_name, network, sizes, compile, cudagraphs, device, **kwargs):
+    """A baseline agent and a twin agent, each Agent(args, *sizes, device), with the same parameters (their `network`
+    module's), and each one's make_update_fns: ((agent, fns), (agent, fns)). kwargs: Args fields of both."""
+    base, fast = load_script(base_name), load_script(fast_name)
+    device = torch.device(device)
+    args_b = base.Args(**kwargs)
+    args_f = fast.Args(compile=compile, cudagraphs=cudagraphs, **kwargs)
+    torch.manual_seed(0)
+    agent_b = base.Agent(args_b, *sizes, device)
+    agent_f = fast.Agent(args_f, *sizes, device)
+    getattr(agent_f, network).load_state_dict(getattr(agent_b, network).state_dict())
+    return (agent_b, base.make_update_fns(agent_b, args_b)), (agent_f, fast.make_update_fns(agent_f, args_f))
+
+
 def record_run(name, argv, capsys, monkeypatch):
     """Run main() of a PPO or PQN script with argv, recording its rollout storages, its agents, the calls of its
     returns function (make_update_fns' first: GAE or Q(lambda); inputs and outputs, cloned) and of its update:

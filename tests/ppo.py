@@ -1,22 +1,8 @@
-"""Checks the PPO test modules share: a baseline and its twin built with the same parameters, the twin's GAE against
-the baseline's loop, and its updates against the baseline's. Each module binds them to its pair with
-functools.partial."""
+"""Checks the PPO test modules share: the twin's GAE against the baseline's loop, and its updates against the
+baseline's, on a pair of agents from helpers.agent_pair. Each module binds them to its pair with functools.partial."""
 
 import torch
 from helpers import assert_same_update, load_script
-
-
-def make_pair(base_name, fast_name, n_obs, n_act, compile, cudagraphs, device, **kwargs):
-    """A baseline agent and a compiled-variant agent with identical parameters, and their functions."""
-    base, fast = load_script(base_name), load_script(fast_name)
-    device = torch.device(device)
-    args_b = base.Args(**kwargs)
-    args_f = fast.Args(compile=compile, cudagraphs=cudagraphs, **kwargs)
-    torch.manual_seed(0)
-    agent_b = base.Agent(args_b, n_obs, n_act, device)
-    agent_f = fast.Agent(args_f, n_obs, n_act, device)
-    agent_f.net.load_state_dict(agent_b.net.state_dict())
-    return (agent_b, base.make_update_fns(agent_b, args_b)), (agent_f, fast.make_update_fns(agent_f, args_f))
 
 
 def check_gae(make, n_obs, compile, cudagraphs, device, num_steps, num_envs, calls=1):

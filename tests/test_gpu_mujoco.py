@@ -18,6 +18,7 @@ import torch
 from helpers import (
     MODES,
     PHASES,
+    agent_pair,
     assert_equal,
     assert_evaluation_video,
     assert_one_line_error,
@@ -220,7 +221,7 @@ def test_rollout_is_the_baselines(mode, capsys, monkeypatch):
 # Hopper's sizes (11 observations, 3 actions), TINY's minibatches and rollouts: the compiled functions find the TINY
 # runs' graphs in Inductor's cache.
 N_OBS, N_ACT, MINIBATCH = 11, 3, 16
-make_pair = functools.partial(ppo.make_pair, NAME, FAST, N_OBS, N_ACT)
+make_pair = functools.partial(agent_pair, NAME, FAST, "net", (N_OBS, N_ACT))
 check_updates = functools.partial(ppo.check_updates, make_pair, N_OBS,
                                   lambda gen, n: torch.randn(n, N_ACT, generator=gen))  # fmt: skip
 check_gae = functools.partial(ppo.check_gae, make_pair, N_OBS)

@@ -2,6 +2,7 @@
 and update equivalence of the compiled variant with the baseline, whole-game episode returns, updates that
 improve a fixed batch, TensorBoard scalars, resume and evaluation of a checkpoint, Ctrl-C, bad input."""
 
+import functools
 import json
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 import torch
 from helpers import (
     MODES,
+    agent_pair,
     assert_cudagraphs_fallback,
     assert_one_line_error,
     assert_return_curve,
@@ -112,16 +114,7 @@ def random_rollout(gen):
     return obs, rewards, dones, values, next_obs, next_done
 
 
-def make_pair(compile, cudagraphs, device):
-    """A baseline agent and a compiled-variant agent with identical parameters, and their functions."""
-    base, fast = load_script(BASE), load_script(FAST)
-    args_b = base.Args(num_envs=NUM_ENVS, num_steps=NUM_STEPS)
-    args_f = fast.Args(num_envs=NUM_ENVS, num_steps=NUM_STEPS, compile=compile, cudagraphs=cudagraphs)
-    torch.manual_seed(0)
-    agent_b = base.Agent(args_b, N_ACT, device)
-    agent_f = fast.Agent(args_f, N_ACT, device)
-    agent_f.network.load_state_dict(agent_b.network.state_dict())
-    return (agent_b, base.make_update_fns(agent_b, args_b)), (agent_f, fast.make_update_fns(agent_f, args_f))
+make_pair = functools.partial(agent_pair, BASE, FAST, "network", (N_ACT,), num_envs=NUM_ENVS, num_steps=NUM_STEPS)
 
 
 def check_equivalence(compile, cudagraphs, device, calls=4):

@@ -14,6 +14,7 @@ import torch
 from helpers import (
     MODES,
     PHASES,
+    agent_pair,
     assert_cudagraphs_fallback,
     assert_one_line_error,
     assert_return_curve,
@@ -211,7 +212,7 @@ def test_first_rollout_is_the_same(env_id, mode, capsys, monkeypatch):
         assert rollout_b.dones.any()
 
 
-make_pair = functools.partial(ppo.make_pair, BASE, FAST, N_OBS, N_ACT)
+make_pair = functools.partial(agent_pair, BASE, FAST, "net", (N_OBS, N_ACT))
 check_gae = functools.partial(ppo.check_gae, make_pair, N_OBS)
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from helpers import (
     MODES,
+    agent_pair,
     assert_cudagraphs_fallback,
     assert_one_line_error,
     assert_return_curve,
@@ -199,7 +200,7 @@ def test_first_rollout_is_the_same(monkeypatch, capsys):
     assert rollout_b.dones.sum(1).nonzero().flatten().tolist() == [200] and (rollout_b.dones[200] == 1).all()
 
 
-make_pair = functools.partial(ppo.make_pair, BASE, FAST, N_OBS, N_ACT)
+make_pair = functools.partial(agent_pair, BASE, FAST, "net", (N_OBS, N_ACT))
 check_gae = functools.partial(ppo.check_gae, make_pair, N_OBS)
 check_updates = functools.partial(ppo.check_updates, make_pair, N_OBS,
                                   lambda gen, n: torch.randn(n, N_ACT, generator=gen))  # fmt: skip

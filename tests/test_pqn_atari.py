@@ -4,10 +4,13 @@ evaluation of a checkpoint, Ctrl-C, bad input. Learning itself is tested on Cart
 the algorithm is the same, and Atari learns too slowly for a CPU test."""
 
 
+import functools
+
 import pytest
 import torch
 from helpers import (
     MODES,
+    agent_pair,
     assert_cudagraphs_fallback,
     assert_one_line_error,
     assert_same_update,
@@ -61,16 +64,7 @@ def test_first_rollout_matches_baseline(capsys, monkeypatch):
         torch.testing.assert_close(inputs_f.float(), inputs_b)
 
 
-def make_pair(compile, cudagraphs, device):
-    """A baseline agent and a twin agent with identical parameters, and their functions."""
-    base, fast = load_script(BASE), load_script(FAST)
-    args_b = base.Args(num_envs=NUM_ENVS, num_steps=NUM_STEPS)
-    args_f = fast.Args(num_envs=NUM_ENVS, num_steps=NUM_STEPS, compile=compile, cudagraphs=cudagraphs)
-    torch.manual_seed(0)
-    agent_b = base.Agent(args_b, N_ACT, device)
-    agent_f = fast.Agent(args_f, N_ACT, device)
-    agent_f.q_network.load_state_dict(agent_b.q_network.state_dict())
-    return (agent_b, base.make_update_fns(agent_b, args_b)), (agent_f, fast.make_update_fns(agent_f, args_f))
+make_pair = functools.partial(agent_pair, BASE, FAST, "q_network", (N_ACT,), num_envs=NUM_ENVS, num_steps=NUM_STEPS)
 
 
 def check_equivalence(compile, cudagraphs, device, calls=3):

@@ -3,6 +3,7 @@ both, the twin's Q(lambda) returns, update and policy against the baseline's, th
 a learning test that a broken update or a broken return fails, a resumed run against an uninterrupted one, bad
 input."""
 
+import functools
 import os
 import signal
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 from helpers import (
     MODES,
+    agent_pair,
     assert_cudagraphs_fallback,
     assert_equal,
     assert_one_line_error,
@@ -136,17 +138,7 @@ def test_first_rollout_is_the_same(mode, capsys, monkeypatch):
     assert rollout_b.dones.any() and rollout_b.actions.unique().numel() == N_ACT
 
 
-def make_pair(compile, cudagraphs, device, **kwargs):
-    """A baseline agent and a twin agent with identical parameters, and their functions."""
-    base, fast = load_script(BASE), load_script(FAST)
-    device = torch.device(device)
-    args_b = base.Args(**kwargs)
-    args_f = fast.Args(compile=compile, cudagraphs=cudagraphs, **kwargs)
-    torch.manual_seed(0)
-    agent_b = base.Agent(args_b, N_OBS, N_ACT, device)
-    agent_f = fast.Agent(args_f, N_OBS, N_ACT, device)
-    agent_f.q_network.load_state_dict(agent_b.q_network.state_dict())
-    return (agent_b, base.make_update_fns(agent_b, args_b)), (agent_f, fast.make_update_fns(agent_f, args_f))
+make_pair = functools.partial(agent_pair, BASE, FAST, "q_network", (N_OBS, N_ACT))
 
 
 def check_q_lambda(compile, cudagraphs, device, num_steps, num_envs, calls=1, q_lambda=0.65):

@@ -48,8 +48,9 @@ def test_render_from_records_alone(tmp_path):
     plot, and runs nothing."""
     out = tmp_path / "out"
     out.mkdir()
+    curve = [[100, 5.0, 1.0], [200, 15.0, 6.0], [300, 25.0, 9.0]]
     record = {"command": "x.py", "gpus": 1, "fps": 100.0, "steady": True, "warmup_seconds": 5.0, "wall_seconds": 60.0,
-              "episodic_return": 9.0, "return_curve": [[100, 5.0, 1.0], [200, 15.0, 6.0], [300, 25.0, 9.0]]}  # fmt: skip
+              "episodic_return": 9.0, "return_curve": curve}  # fmt: skip
     two = {**record, "gpus": 2, "fps": 180.0}
     (out / "scaling.jsonl").write_text(json.dumps(record) + "\n" + json.dumps(two) + "\n")
     done = bench(tmp_path, "--render", "--target", 5, "--out", out)
