@@ -38,7 +38,7 @@ class Args(RunOptions):
     """target smoothing coefficient, applied after every gradient update"""
     batch_size: int = 32768
     """the batch size of samples from the replay memory, --batch-size // --num-envs from each env; under torchrun
-    each rank's, from its own buffer: a global batch of --batch-size x ranks"""
+    the global batch: each rank draws --batch-size // ranks from its own buffer"""
     num_updates: int = 2
     """the gradient updates per env step (of all envs)"""
     learning_starts: int = 10240
@@ -339,10 +339,11 @@ def make_train_step(rb, obs_rms, update_critic, update_actor, update_targets, ar
     each samples, normalises, updates; with --cudagraphs one captured graph per pattern (under torchrun, graphs of
     the averaged updates' pieces). `stats`: fixed tensors."""
     stats = {name: torch.zeros((), device=rb.envs.device) for name in STATS}
+    batch_size = args.batch_size // world()[1]  # under torchrun, this rank's share of the global batch
 
     def step(pattern):
         for actor_update in pattern:
-            obs, actions, rewards, next_obs, dones = rb.sample(args.batch_size)
+            obs, actions, rewards, next_obs, dones = rb.sample(batch_size)
             obs, next_obs = obs_rms.normalize(obs), obs_rms.normalize(next_obs)
             outputs = update_critic(obs, actions, rewards, next_obs, dones)
             if actor_update:  # delayed policy updates
@@ -369,10 +370,10 @@ def check_args(args):
         fail(f"--env-id {args.env_id!r} is not one of this script's environments: {', '.join(ENVS)}")
     if args.capture_video and not args.eval_checkpoint:
         fail("--capture-video records the episodes of --eval-checkpoint: the MuJoCo Warp worlds render no frames")
-    for name, ranks in (("total_timesteps", world_size), ("batch_size", 1)):
-        if getattr(args, name) % (args.num_envs * ranks):
+    for name in ("total_timesteps", "batch_size"):  # each rank steps its share of the envs and draws its share
+        if getattr(args, name) % (args.num_envs * world_size):
             fail(f"--{name.replace('_', '-')} {getattr(args, name)} must be a multiple of --num-envs {args.num_envs}"
-                 + (f" x {ranks} ranks" if ranks > 1 else ""))  # fmt: skip
+                 + (f" x {world_size} ranks" if world_size > 1 else ""))  # fmt: skip
     if args.buffer_size < max(args.batch_size, args.num_envs):
         fail(f"--buffer-size {args.buffer_size} must be >= --batch-size {args.batch_size} and --num-envs "
              f"{args.num_envs}")  # fmt: skip
@@ -392,7 +393,8 @@ def train(args, run):
     np.random.seed(args.seed + rank)
     torch.manual_seed(args.seed + rank)
     device, phase, n_envs = run.device, run.phase, args.num_envs
-    # Sizes are per rank; global_step counts the env steps of all ranks, as --total-timesteps and --learning-starts do.
+    # Sizes are per rank, but for the global --batch-size; global_step counts the env steps of all ranks, as
+    # --total-timesteps and --learning-starts do.
     all_envs = n_envs * world_size  # env steps of one vector step of all ranks
     envs = CapturableEnvs(args.env_id, n_envs, args.gamma, device)  # its physics can join collect's graph
     n_obs, n_act = envs.obs.shape[1], envs.n_act  # envs.obs_rms: statistics of the first observations

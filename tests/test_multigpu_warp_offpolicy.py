@@ -2,8 +2,9 @@
 the twins in their default mode) on the CPU over gloo. The ranks are started as torchrun starts them (its
 environment variables), each a process that runs the scripts' main() one after the other, the scripts' Agent, envs
 and replay buffer recorded as train() makes them: two ranks end with the same trained tensors while their envs and
-buffers differ (seeded apart); one rank under torchrun trains bit for bit as one process without it; a total that
-does not split over the ranks is one error line on every rank. Warp's kernels load from ~/.cache/warp."""
+buffers differ (seeded apart), each rank drawing its share of the global --batch-size; one rank under torchrun
+trains bit for bit as one process without it; a total or a batch that does not split over the ranks is one error
+line on every rank. Warp's kernels load from ~/.cache/warp."""
 
 import hashlib
 import os
@@ -39,7 +40,7 @@ def as_rank(rank, world_size, port):
 
 def recorded_run(name, argv):
     """A script's main(argv), with what train() makes kept: (record, {"agent": its Agent, "rb": its replay buffer,
-    "first_qpos": its envs' positions after their first reset})."""
+    "first_qpos": its envs' positions after their first reset, "rows": the sizes of the buffer's samples})."""
     script, made = load_script(name), {}
     envs_class = "CapturableEnvs" if name.endswith("_torchcompile") else "Envs"
     for key, attribute in (("agent", "Agent"), ("first_qpos", envs_class), ("rb", "ReplayBuffer")):
@@ -48,6 +49,11 @@ def recorded_run(name, argv):
             def __init__(self, *args, key=key):
                 super().__init__(*args)
                 made[key] = self.qpos.clone() if key == "first_qpos" else self
+
+            def sample(self, batch_size):  # the replay buffer's
+                sample = super().sample(batch_size)
+                made.setdefault("rows", set()).add(len(sample[0]))
+                return sample
 
         setattr(script, attribute, Recorded)
     return script.main(argv), made
@@ -65,19 +71,20 @@ def two_ranks_worker(rank, ports, tmp, results):
         as_rank(rank, 2, port)
         record, made = recorded_run(name, [*TINY, "--save-dir", str(tmp / f"{name}_2")])
         results[name, rank] = (record, digest(made["agent"].state_dict().values()), digest([made["first_qpos"]]),
-                               digest([made["rb"].storage]))  # fmt: skip
+                               digest([made["rb"].storage]), sorted(made["rows"]))  # fmt: skip
     if rank == 0:
         for name, port in zip(NAMES, ports[len(NAMES) :]):
             as_rank(0, 1, port)
             recorded_run(name, [*TINY, "--save-dir", str(tmp / f"{name}_1")])
             del os.environ["WORLD_SIZE"]
             recorded_run(name, [*TINY, "--save-dir", str(tmp / f"{name}_alone")])
-    as_rank(rank, 2, ports[-1])
-    stderr = StringIO()
-    with redirect_stderr(stderr), pytest.raises(SystemExit) as exit_info:
-        load_script(NAMES[0]).main([*TINY, "--total-timesteps", "34"])
-    results["bad", rank] = (exit_info.value.code, stderr.getvalue())
-    dist.destroy_process_group()
+    for flag, value, port in (("--total-timesteps", "34", ports[-2]), ("--batch-size", "6", ports[-1])):
+        as_rank(rank, 2, port)
+        stderr = StringIO()
+        with redirect_stderr(stderr), pytest.raises(SystemExit) as exit_info:
+            load_script(NAMES[0]).main([*TINY, flag, value])
+        results[flag, rank] = (exit_info.value.code, stderr.getvalue())
+        dist.destroy_process_group()  # the error left this process in its group
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +92,7 @@ def ranks(tmp_path_factory):
     """The workers' results, and the folder of the runs' checkpoints."""
     tmp = tmp_path_factory.mktemp("ranks")
     results = mp.Manager().dict()
-    ports = [free_port() for _ in range(2 * len(NAMES) + 1)]
+    ports = [free_port() for _ in range(2 * len(NAMES) + 2)]
     mp.spawn(two_ranks_worker, args=(ports, tmp, results), nprocs=2)
     return dict(results), tmp
 
@@ -94,10 +101,12 @@ def ranks(tmp_path_factory):
 def test_two_ranks_end_alike_from_envs_apart(name, ranks):
     """The run went to its end (where every rank's parameters are checked against rank 0's, inside it), and both
     ranks hold the same trained tensors, bit for bit: rank 0's at the start, the same averaged gradients every update.
-    Their envs started apart (seeded with --seed + rank), so their buffers hold other transitions. Rank 0 alone wrote
-    the checkpoint."""
+    Their envs started apart (seeded with --seed + rank), so their buffers hold other transitions; each sample drew
+    half the global --batch-size 8 (the mean of the two ranks' gradients is the gradient of a batch of 8). Rank 0
+    alone wrote the checkpoint."""
     results, tmp = ranks
-    (record, agent0, qpos0, rb0), (_, agent1, qpos1, rb1) = results[name, 0], results[name, 1]
+    (record, agent0, qpos0, rb0, rows0), (_, agent1, qpos1, rb1, rows1) = results[name, 0], results[name, 1]
+    assert rows0 == rows1 == [4]
     assert record["total_timesteps"] == 32 and not record["interrupted"] and not record["diverged"]
     assert agent0 == agent1
     assert qpos0 != qpos1 and rb0 != rb1
@@ -129,9 +138,10 @@ def test_one_rank_trains_as_one_process(name, ranks):
     assert_same(one["rng"], alone["rng"], "rng")
 
 
-def test_a_total_that_does_not_split_over_the_ranks_is_one_error_on_every_rank(ranks):
+@pytest.mark.parametrize("flag, value", [("--total-timesteps", "34"), ("--batch-size", "6")])
+def test_a_total_or_batch_that_does_not_split_over_the_ranks_is_one_error_on_every_rank(flag, value, ranks):
     results, _ = ranks
     for rank in range(2):
-        code, stderr = results["bad", rank]
+        code, stderr = results[flag, rank]
         errors = [line for line in stderr.splitlines() if line.startswith("error:")]
-        assert code == 2 and errors == ["error: --total-timesteps 34 must be a multiple of --num-envs 2 x 2 ranks"]
+        assert code == 2 and errors == [f"error: {flag} {value} must be a multiple of --num-envs 2 x 2 ranks"]
