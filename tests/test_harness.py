@@ -385,7 +385,8 @@ def test_a_rank_stuck_after_a_signal_ends_with_one_line(ending):
     if ending == "stuck":
         assert rank.returncode == 1
         assert stderr.splitlines() == [
-            "error: rank 3 was still waiting for the other ranks 1 s after a stop signal: a rank has died or hangs"
+            "error: rank 3 had not stopped 1 s after a stop signal: a rank has died or hangs, or the ranks were still "
+            "compiling"
         ]
     else:
         assert rank.returncode == 130 and stderr == ""

@@ -115,7 +115,8 @@ def join_ranks(run, network, args, global_step):
 def exit_if_stuck(rank, seconds=STUCK_SECONDS):
     """A rank waiting in a collective for a rank that died runs no signal handler (they run between Python
     bytecodes), and torchrun kills it without a word: `seconds` after a signal, a thread woken by it says so, and
-    ends the process. A rank that stops as it should is gone by then."""
+    ends the process. A rank that stops as it should is gone by then, unless the signal came while the ranks
+    compiled: they stop at the end of a unit of work, and torchrun's grace (30 s) may end before it."""
     wake, signalled = os.pipe()
     os.set_blocking(signalled, False)
     signal.set_wakeup_fd(signalled)  # written at the signal itself, whatever the main thread waits in
@@ -123,8 +124,8 @@ def exit_if_stuck(rank, seconds=STUCK_SECONDS):
     def watch():
         os.read(wake, 1)
         time.sleep(seconds)
-        print(f"error: rank {rank} was still waiting for the other ranks {seconds} s after a stop signal: a rank has "
-              "died or hangs", file=sys.__stderr__, flush=True)  # fmt: skip
+        print(f"error: rank {rank} had not stopped {seconds} s after a stop signal: a rank has died or hangs, or the "
+              "ranks were still compiling", file=sys.__stderr__, flush=True)  # fmt: skip
         os._exit(1)
 
     threading.Thread(target=watch, daemon=True).start()
