@@ -150,8 +150,9 @@ def saved_obs_rms(envs_state, device):
 def gymnasium_env(env_id, video_folder=None):
     """gymnasium's own env of env_id with RecordEpisodeStatistics, on which --eval-checkpoint plays the saved policy
     (MuJoCo's C simulator, which the batched worlds reproduce). The Warp worlds render nothing; this env does: with a
-    video_folder, RecordVideo records every episode there as the gymnasium-based scripts do (rl-video-episode-N.mp4)."""
-    env = gym.make(env_id, render_mode="rgb_array" if video_folder else None)
+    video_folder, RecordVideo records every episode there as the gymnasium-based scripts do (rl-video-episode-N.mp4),
+    through the model's camera that follows the body (gymnasium's default camera stays put, and a walker leaves it)."""
+    env = gym.make(env_id, **({"render_mode": "rgb_array", "camera_name": "track"} if video_folder else {}))
     if video_folder:
         env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=lambda episode: True, disable_logger=True)
     return gym.wrappers.RecordEpisodeStatistics(env)

@@ -267,6 +267,17 @@ def test_every_script_on_mujoco_warp_makes_these_envs(name):
         assert load_script(script).ENVS is mujoco_warp_envs.ENVS, script
 
 
+@pytest.mark.parametrize("env_id", mujoco_warp_envs.ENVS)
+def test_videos_follow_the_body(env_id, tmp_path):
+    """--eval-checkpoint --capture-video's env renders through the model's camera that tracks the body (gymnasium's
+    default free camera stays where the episode started: a trained walker leaves its frame within seconds)."""
+    env = mujoco_warp_envs.gymnasium_env(env_id, str(tmp_path / "videos"))
+    model = env.unwrapped.model
+    assert env.unwrapped.mujoco_renderer.camera_id == mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, "track")
+    assert model.cam_mode[env.unwrapped.mujoco_renderer.camera_id] == mujoco.mjtCamLight.mjCAMLIGHT_TRACKCOM
+    env.close()
+
+
 # Warp's warning, then a line of its own, written to stderr's file descriptor as Warp's C library writes; then Warp
 # started in a process of its own (where it starts once), on a machine without CUDA here.
 QUIET_START = """
