@@ -120,7 +120,8 @@ def plot_returns(records, path):
         if r.get("return_curve"):
             seconds, returns = zip(*[(t, mean) for _, t, mean in r["return_curve"] if mean is not None])
             own = " ".join(word for word in r["command"].split() if word not in shared)
-            ax.plot(seconds, returns, marker="o", markersize=3, label=f"{own}, {r['gpus']} GPU(s)")
+            label = ", ".join(part for part in (own, f"{r['gpus']} GPU(s)") if part)
+            ax.plot(seconds, returns, marker="o", markersize=3, label=label)
     ax.set_xlabel("seconds from the start (warm-up included)")
     ax.set_ylabel("mean episodic return")
     ax.grid(True, alpha=0.3)
