@@ -5,6 +5,7 @@ import ast
 import copy
 import dataclasses
 import hashlib
+import io
 import json
 import re
 import shutil
@@ -148,8 +149,12 @@ def saved(capsys):
         (["--save-dir", "run/least_squares.pt/inside"], "--save-dir"),
         (["--save-dir", "run/least_squares.pt"], "--save-dir run/least_squares.pt is a file: it names a folder"),
         (["--resume", "run", "--learning-rate", "0.5"], "--learning-rate 0.5 (saved: 0.01) differ"),
-        (["--resume", "run", "--env-id", "Other"], "--env-id change the algorithm"),
+        (["--resume", "run", "--env-id", "Other"], "--env-id changes the algorithm"),
+        (["--resume", "run", "--env-id", "Other", "--learning-rate", "0.5"], "--env-id, --learning-rate change the"),
         (["--exp-name", "a/b"], "--exp-name a/b: a name, not a path"),
+        (["--resume", "other_env.pt", "--env-id", "LeastSquares", "--resume-anyway"],
+         "the checkpoint's state.model does not fit this run on LeastSquares (the checkpoint's: Other): size mismatch "
+         "for weight"),
     ],
 )
 def test_bad_checkpoints_and_folders(saved, argv, fragment, capsys):
@@ -160,6 +165,9 @@ def test_bad_checkpoints_and_folders(saved, argv, fragment, capsys):
     torch.save({"weights": torch.zeros(2)}, "plain.pt")
     saved_toy = torch.load("run/least_squares.pt", weights_only=True)
     torch.save({**saved_toy, "script": "sac_continuous_action"}, "other_script.pt")
+    other_model = {"weight": torch.zeros(1, 5), "bias": torch.zeros(1)}  # an env of 5 features
+    torch.save({**saved_toy, "args": {**saved_toy["args"], "env_id": "Other"},
+                "state": {**saved_toy["state"], "model": other_model}}, "other_env.pt")  # fmt: skip
     Path("empty").mkdir()
     assert_one_line_error(run_bad_input(NAME, argv, capsys), fragment)
     assert digest("run/least_squares.pt") == saved
@@ -286,12 +294,36 @@ def test_progress_lines_where_stderr_is_not_a_terminal(capsys, monkeypatch):
     monkeypatch.setattr(harness.progress, "CONSOLE_SECONDS", 0.0)
     record, err = run_main_stderr(NAME, ["--total-timesteps", "80", "--no-tensorboard"], capsys)
     assert f"{NAME}: warm-up for 32 env steps; fps and eta once the rate is steady" in err
-    pattern = re.compile(rf"{NAME}: (\d+)/80 steps, (warm-up|fps \d+), return (None|-?\d+\.\d+)(, eta \d+\.\d min)?")
+    pattern = re.compile(rf"{NAME}: (\d+)/80 steps, (warm-up|fps \d+)(, return -?\d+\.\d+)?(, eta \d+\.\d min)?")
     lines = [m for m in map(pattern.fullmatch, err.splitlines()) if m]
     assert [int(m.group(1)) for m in lines] == list(range(4, 84, 4)), err[-500:]
     assert [m.group(2) == "warm-up" for m in lines] == [step <= 32 for step in range(4, 84, 4)]
     assert [m.group(4) is None for m in lines] == [step <= 32 for step in range(4, 84, 4)]
     assert record["steady"] is True
+
+
+def test_progress_bar_on_a_terminal(monkeypatch):
+    """On a terminal the bar shows no eta in the warm-up (tqdm's own, from the warm-up's rate, is left out), ours once
+    the fps is steady; a stop's line goes above the bar, not glued to it."""
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    progress = harness.progress.Progress("toy", 0, 1000, [], [], 0.0)
+    progress.show(100, 1.0, 100.0, False)
+    progress.bar.refresh()  # as tqdm does once its mininterval has passed
+    warm_up = sys.stderr.getvalue().split("\r")[-1]
+    assert "100/1.00k" in warm_up and "warm-up" in warm_up and "eta" not in warm_up and "<" not in warm_up
+    progress.returns.append(5.0)
+    progress.show(500, 2.0, 400.0, True)
+    progress.bar.refresh()
+    assert "fps 400, return 5.0, eta 0.0 min]" in sys.stderr.getvalue().split("\r")[-1]
+    harness.signals.StopSignals.on_signal(type("Stops", (), {"signal": None, "in_loop": True, "unit_seconds": 0})(),
+                                          signal.SIGINT, None)  # fmt: skip
+    assert "\rstopping at the end of this step (again: at once)\n" in sys.stderr.getvalue()
+    progress.close(500, 3.0)
 
 
 def test_timeout_signals_twice_and_it_is_one_stop(workdir):

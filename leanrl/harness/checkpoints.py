@@ -58,7 +58,8 @@ def load_state(state, saved, env_id, name="state"):
         for group, kept in zip(state.param_groups, tensors):
             group.update({key: tensor.copy_(torch.as_tensor(group[key])) for key, tensor in kept.items()})
     except (RuntimeError, ValueError, KeyError) as e:  # another network or env size than the checkpoint's
-        fail(f"--resume: the checkpoint's {name} does not fit this run on {env_id}: {str(e).splitlines()[0]}")
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]  # torch's first says only "Error(s)"
+        fail(f"--resume: the checkpoint's {name} does not fit this run on {env_id}: {lines[min(1, len(lines) - 1)]}")
 
 
 def rng_states():

@@ -105,8 +105,9 @@ def check_resumed(args, saved):
     algorithm = [k for k in changed if k not in FREE_ON_RESUME]
     listed = ", ".join(f"{flag(k)} {new} (saved: {old})" for k, (new, old) in changed.items())
     if algorithm and not args.resume_anyway:
-        fail(f"--resume: {listed} differ from the checkpoint's; {', '.join(map(flag, algorithm))} change the "
-             "algorithm: pass the checkpoint's values, or --resume-anyway")  # fmt: skip
+        fail(f"--resume: {listed} differ from the checkpoint's; {', '.join(map(flag, algorithm))} "
+             f"{'changes' if len(algorithm) == 1 else 'change'} the algorithm: pass the checkpoint's values, or "
+             "--resume-anyway")  # fmt: skip
     if changed:
         print(f"resuming with {listed}", file=sys.stderr)
 

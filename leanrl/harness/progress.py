@@ -51,13 +51,15 @@ class ScalarLog:
 
 
 class Progress:
-    """A bar on a terminal; elsewhere (logs, CI) a line every CONSOLE_SECONDS. No eta before the fps is steady."""
+    """A bar on a terminal; elsewhere (logs, CI) a line every CONSOLE_SECONDS. No eta before the fps is steady: the
+    bar shows ours, not tqdm's, which would count the warm-up's rate."""
 
     def __init__(self, script, first_step, total_steps, returns, curve, t_start):
         self.script, self.total_steps, self.t_start = script, total_steps, t_start
         self.returns, self.curve = deque(returns, maxlen=20), curve  # curve: [env step, seconds, mean return]
         self.t_shown = self.t_line = 0.0
-        self.bar = tqdm.tqdm(total=total_steps, initial=first_step, unit="step", unit_scale=True, disable=None)
+        self.bar = tqdm.tqdm(total=total_steps, initial=first_step, unit="step", unit_scale=True, disable=None,
+                             bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]")  # fmt: skip
 
     def mean_return(self):
         return round(float(np.mean(self.returns)), 2) if self.returns else None
@@ -77,13 +79,13 @@ class Progress:
     def show(self, step, now, fps, steady):
         self.t_shown = now
         status = f"fps {fps:.0f}" if steady else "warm-up"
-        status += f", return {self.mean_return()}"
+        status += "" if self.mean_return() is None else f", return {self.mean_return()}"
+        status += f", eta {(self.total_steps - step) / max(fps, 1e-9) / 60:.1f} min" if steady else ""
         self.bar.set_postfix_str(status, refresh=False)
         self.bar.update(step - self.bar.n)
         if self.bar.disable and now - self.t_line >= CONSOLE_SECONDS:
             self.t_line = now
-            eta = f", eta {(self.total_steps - step) / max(fps, 1e-9) / 60:.1f} min" if steady else ""
-            print(f"{self.script}: {step}/{self.total_steps} steps, {status}{eta}", file=sys.stderr, flush=True)
+            print(f"{self.script}: {step}/{self.total_steps} steps, {status}", file=sys.stderr, flush=True)
 
     def close(self, step, now):
         self.add_point(step, now)  # the curve ends where the run did

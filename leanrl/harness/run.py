@@ -35,7 +35,7 @@ from .speed import SpeedWindow, print_record, speed_record
 from .torchrun import world
 
 # Notes that are not the user's concern; the last: the episode an evaluation leaves unfinished is not recorded.
-QUIET_WARNINGS = (r".*The environment \S+-v4 is out of date", r"Using lock_\(\) inside a compiled graph",
+QUIET_WARNINGS = (r".*The environment \S+-v\d+ is out of date", r"Using lock_\(\) inside a compiled graph",
                   r"TensorFloat32 tensor cores", r"The AccumulateGrad node's stream does not match",
                   r"\s*Online softmax is disabled on the fly", r".*Unable to save last video")  # fmt: skip
 
@@ -78,7 +78,9 @@ class Run:
         on --resume it is restored here, in place, with the random generators. Returns the first env step."""
         first_step, returns, curve = 0, [], []
         if self.checkpoint is not None:
-            load_state(state, self.checkpoint["state"], self.args.env_id)
+            saved_env = self.checkpoint["args"]["env_id"]
+            env = self.args.env_id + (f" (the checkpoint's: {saved_env})" if saved_env != self.args.env_id else "")
+            load_state(state, self.checkpoint["state"], env)
             set_rng_states(self.checkpoint["rng"])
             first_step, returns, curve = (self.checkpoint[key] for key in ("global_step", "returns", "curve"))
             if first_step >= total_steps:
@@ -92,12 +94,12 @@ class Run:
         self.next_save = self.save_due(first_step)
         self.scalars = ScalarLog(self.args, self.run_name)  # now that the env and networks are made: no empty run
         self.window = SpeedWindow(first_step, max(warmup_from, first_step) + warmup_steps)
-        self.progress = Progress(self.script, first_step, total_steps, returns, curve, self.t_start)
         compiles = [flag for flag in ("compile", "cudagraphs") if getattr(self.args, flag, False)]
         if world()[0] == 0:  # under torchrun, rank 0 speaks for every rank
             print(f"{self.script}: warm-up for {self.window.opens_at - first_step} env steps"
                   + (f" (--{' and --'.join(compiles)}: the first steps compile)" if compiles else "")
                   + "; fps and eta once the rate is steady", file=sys.stderr, flush=True)  # fmt: skip
+        self.progress = Progress(self.script, first_step, total_steps, returns, curve, self.t_start)  # after: a bar
         self.stops.in_loop, self.t_unit = True, time.perf_counter()
         return first_step
 

@@ -4,6 +4,8 @@ import signal
 import sys
 import time
 
+import tqdm
+
 
 class StopSignals:
     def __init__(self):
@@ -28,5 +30,6 @@ class StopSignals:
         self.signal, self.t_signal = signum, now
         if first and self.in_loop:
             wait = f", in about {self.unit_seconds:.0f} s" if self.unit_seconds >= 2 else ""  # the last unit's time
-            return print(f"stopping at the end of this step{wait} (again: at once)", file=sys.stderr, flush=True)
+            # tqdm.write: above a progress bar on a terminal, not glued to it
+            return tqdm.tqdm.write(f"stopping at the end of this step{wait} (again: at once)", file=sys.stderr)
         raise KeyboardInterrupt
