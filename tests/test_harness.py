@@ -84,6 +84,10 @@ def test_resume_restores_the_state_in_place(capsys, monkeypatch):
     for name in ("model", "optimizer"):
         assert str(seen["state"][name]) == str(saved["state"][name]), name
     assert checkpoint_of("run")["global_step"] == 800 and checkpoint_of("run")["returns"] != saved["returns"]
+    # The return curve goes on: its seconds from the first run's start, counting the seconds of both runs.
+    seconds = [t for _, t, _ in record["return_curve"]]
+    assert record["return_curve"][: len(saved["curve"])] == saved["curve"] and seconds == sorted(seconds)
+    assert seconds[-1] >= saved["seconds"] >= saved["curve"][-1][1] and checkpoint_of("run")["seconds"] >= seconds[-2]
 
 
 def test_a_copied_folder_resumes_into_the_copy(capsys):

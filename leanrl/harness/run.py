@@ -76,13 +76,14 @@ class Run:
         learning_starts) or past a resumed run's first step, whichever is later; --profile-dir profiles its first
         profile_steps; one env_step phase takes env_steps_per_call. `state` is what checkpoints hold (state_dict):
         on --resume it is restored here, in place, with the random generators. Returns the first env step."""
-        first_step, returns, curve = 0, [], []
+        first_step, returns, curve, seconds = 0, [], [], 0.0
         if self.checkpoint is not None:
             saved_env = self.checkpoint["args"]["env_id"]
             env = self.args.env_id + (f" (the checkpoint's: {saved_env})" if saved_env != self.args.env_id else "")
             load_state(state, self.checkpoint["state"], env)
             set_rng_states(self.checkpoint["rng"])
             first_step, returns, curve = (self.checkpoint[key] for key in ("global_step", "returns", "curve"))
+            seconds = self.checkpoint.get("seconds", 0.0)  # the runs before this one trained so long
             if first_step >= total_steps:
                 fail(f"--resume {self.args.resume}: that run is finished ({first_step} env steps); "
                      "pass a larger --total-timesteps")  # fmt: skip
@@ -99,7 +100,8 @@ class Run:
             print(f"{self.script}: warm-up for {self.window.opens_at - first_step} env steps"
                   + (f" (--{' and --'.join(compiles)}: the first steps compile)" if compiles else "")
                   + "; fps and eta once the rate is steady", file=sys.stderr, flush=True)  # fmt: skip
-        self.progress = Progress(self.script, first_step, total_steps, returns, curve, self.t_start)  # after: a bar
+        # The curve's seconds go on from the checkpoint's: a resumed run's curve is one run's. After the line: a bar.
+        self.progress = Progress(self.script, first_step, total_steps, returns, curve, self.t_start - seconds)
         self.stops.in_loop, self.t_unit = True, time.perf_counter()
         return first_step
 
@@ -158,7 +160,7 @@ class Run:
         t_save, args = time.perf_counter(), self.args
         checkpoint = {"format": CHECKPOINT_FORMAT, "script": self.script, "args": asdict(args), "global_step": step,
                       "returns": list(self.progress.returns), "curve": self.progress.curve, "rng": rng_states(),
-                      "state": state_dict(self.state)}  # fmt: skip
+                      "seconds": round(t_save - self.progress.t_start, 3), "state": state_dict(self.state)}  # fmt: skip
         try:
             write_checkpoint(checkpoint, args.save_dir, self.script)
         except OSError as e:  # a full disk
