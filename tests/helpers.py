@@ -5,6 +5,7 @@ import functools
 import importlib.util
 import json
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -233,18 +234,28 @@ def run_interrupted(name, argv, at_step, capsys, monkeypatch):
 
 
 def assert_equal(a, b, where="state"):
-    """Nested dicts, lists and tuples of tensors and plain values, equal bit for bit; `where` names a difference."""
+    """Nested dicts, lists and tuples of tensors and plain values, of the same types, equal bit for bit (tensors of
+    the same dtype and shape); `where` names a difference."""
+    assert type(a) is type(b), where
     if isinstance(a, dict):
         assert a.keys() == b.keys(), where
         for key in a:
             assert_equal(a[key], b[key], f"{where}.{key}")
     elif isinstance(a, (list, tuple)):
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
             assert_equal(x, y, f"{where}[{i}]")
     elif isinstance(a, torch.Tensor):
-        assert torch.equal(a, b), where
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), where
     else:
         assert a == b, where
+
+
+def free_port():
+    """A free TCP port on the loopback, for a process group's rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def agent_pair(base_name, fast_name, network, sizes, compile, cudagraphs, device, **kwargs):

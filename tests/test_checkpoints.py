@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from helpers import is_mp4, load_script, run_main, run_main_stderr
+from helpers import assert_equal, is_mp4, load_script, run_main, run_main_stderr
 
 import harness
 
@@ -55,23 +55,6 @@ def checkpoint_of(name, folder):
     return torch.load(Path(folder) / f"{name}.pt", weights_only=True)
 
 
-def assert_same(a, b, where="state"):
-    """Two checkpoint parts hold the same values: tensors bit for bit, everything else equal."""
-    assert type(a) is type(b), where
-    if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for key in a:
-            assert_same(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, where
-
-
 def train_tiny(name, capsys, total, *argv):
     tiny, *_ = RUNS[name]
     return run_main(name, [*tiny, "--total-timesteps", str(total), *argv], capsys)
@@ -97,7 +80,7 @@ def test_resumed_run_goes_on_from_its_checkpoint(name, workdir, capsys, monkeypa
     monkeypatch.setattr(script.Run, "start", recording_start)
     record, err = run_main_stderr(name, [*tiny, "--total-timesteps", str(total), "--resume", "run"], capsys)
     assert restored["first_step"] == stop and f"resuming at env step {stop}" in err
-    assert_same(restored["state"], saved["state"])
+    assert_equal(restored["state"], saved["state"])
     assert record["resumed_from"] == stop and record["total_timesteps"] == total
     assert checkpoint_of(name, "run")["global_step"] == total
     evaluation = script.main(["--eval-checkpoint", "run", "--eval-episodes", "2"])

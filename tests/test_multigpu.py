@@ -11,7 +11,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 from contextlib import redirect_stderr
@@ -21,7 +20,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from helpers import RECORD_KEYS, SCRIPTS, load_script, run_main, wait_for
+from helpers import RECORD_KEYS, SCRIPTS, free_port, load_script, run_main, wait_for
 
 from torch_classic_control import CartPole
 
@@ -190,12 +189,6 @@ def test_resumed_ranks_draw_apart(tmp_path):
         assert all(a != b for a, b in zip(one, other))
     torch.manual_seed(load_script(BASE).Args().seed + 1)
     assert draws[1][0] != torch.rand(4).tolist()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_ranks_with_other_arguments_are_one_error(tmp_path):

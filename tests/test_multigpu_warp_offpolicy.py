@@ -8,7 +8,6 @@ line on every rank. Warp's kernels load from ~/.cache/warp."""
 
 import hashlib
 import os
-import socket
 from contextlib import redirect_stderr
 from io import StringIO
 
@@ -16,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from helpers import load_script
+from helpers import assert_equal, free_port, load_script
 
 NAMES = ("td3_gpu_mujoco", "sac_gpu_mujoco", "td3_gpu_mujoco_torchcompile", "sac_gpu_mujoco_torchcompile")
 # Per rank: 2 Hopper envs, batches of 8 from a buffer of 100 steps of each env. --total-timesteps and
@@ -24,12 +23,6 @@ NAMES = ("td3_gpu_mujoco", "sac_gpu_mujoco", "td3_gpu_mujoco_torchcompile", "sac
 TINY = ["--env-id", "Hopper-v5", "--num-envs", "2", "--batch-size", "8", "--buffer-size", "200", "--learning-starts",
         "16", "--total-timesteps", "32", "--critic-hidden-dim", "32", "--actor-hidden-dim", "16", "--no-tensorboard",
         "--no-cuda"]  # fmt: skip
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def as_rank(rank, world_size, port):
@@ -114,18 +107,6 @@ def test_two_ranks_end_alike_from_envs_apart(name, ranks):
     assert torch.load(tmp / f"{name}_2" / f"{name}.pt", weights_only=True)["global_step"] == 32
 
 
-def assert_same(one, other, where="state"):
-    """Nested checkpoint contents equal, tensors bit for bit."""
-    if isinstance(one, dict):
-        assert one.keys() == other.keys(), where
-        for key in one:
-            assert_same(one[key], other[key], f"{where}.{key}")
-    elif isinstance(one, torch.Tensor):
-        assert torch.equal(one, other), where
-    else:
-        assert one == other, where
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_one_rank_trains_as_one_process(name, ranks):
     """One rank under torchrun (the all-reduces over one rank; in the twin the updates in pieces around them, the
@@ -134,8 +115,8 @@ def test_one_rank_trains_as_one_process(name, ranks):
     _, tmp = ranks
     one, alone = (torch.load(tmp / f"{name}_{run}" / f"{name}.pt", weights_only=True) for run in ("1", "alone"))
     assert one["global_step"] == alone["global_step"] == 32
-    assert_same(one["state"], alone["state"])
-    assert_same(one["rng"], alone["rng"], "rng")
+    assert_equal(one["state"], alone["state"])
+    assert_equal(one["rng"], alone["rng"], "rng")
 
 
 @pytest.mark.parametrize("flag, value", [("--total-timesteps", "34"), ("--batch-size", "6")])

@@ -5,14 +5,13 @@ one process without it does, bit for bit."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
 import torch.multiprocessing as mp
-from helpers import RECORD_KEYS, SCRIPTS, load_script, run_main
+from helpers import RECORD_KEYS, SCRIPTS, free_port, load_script, run_main
 
 import mujoco_warp_envs
 from mujoco_warp_envs import RunningMeanStd
@@ -31,12 +30,6 @@ RUNS = {
     FAST: (FAST, [*TINY, "--total-timesteps", str(STEPS), "--save-dir", FAST]),
     "resumed": (FAST, [*TINY, "--total-timesteps", str(RESUMED_STEPS), "--resume", FAST, "--save-dir", "resumed"]),
 }
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rank_worker(rank, ports, folder, results):

@@ -5,7 +5,6 @@ the GPU classic-control baseline as one run."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ from contextlib import suppress
 from pathlib import Path
 
 import torch
-from helpers import RECORD_KEYS, SCRIPTS
+from helpers import RECORD_KEYS, SCRIPTS, free_port
 
 NAME = "ppo_classic_control_gpu"
 # Per rank: 4 envs x 32 steps, in 2 minibatches. --total-timesteps rounds down to whole iterations of both ranks'
@@ -23,12 +22,6 @@ ARGV = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--upd
         "--no-cuda", "--total-timesteps", "1152", "--save-dir", "saved"]  # fmt: skip
 STEPS = 1024
 TIMEOUT_SECONDS = 90  # both nodes together; they take 6-14 s on 2 busy cores
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def node_command(endpoint, rdzv_id):

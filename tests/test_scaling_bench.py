@@ -61,11 +61,14 @@ def test_render_from_records_alone(tmp_path):
 
 
 def test_bad_input(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "scaling.jsonl").touch()
     for argv, message in [
         (["--gpus", 0, "--", SCRIPT], "--gpus 0: every count must be 1 or more"),
         (["--seconds", 0, "--", SCRIPT], "--seconds 0.0 must be positive"),
         (["--", ROOT / "nothing.py"], "nothing.py: no such training script"),
         (["--gpus", 1], "-- SCRIPT [ARGS]: the training script to run (or --render)"),
         (["--render", "--out", tmp_path / "none"], "--render: " + str(tmp_path / "none" / "scaling.jsonl")),
+        (["--render", "--out", tmp_path / "empty"], "scaling.jsonl: no records to render"),
     ]:
         assert_one_line_error(bench(tmp_path, *argv), message)

@@ -43,8 +43,9 @@ def parse_args():
     parser.add_argument("command", nargs="*", help="-- SCRIPT [ARGS]: the training script and its arguments")
     args = parser.parse_args()
     if args.render:
-        if not os.path.isfile(os.path.join(args.out, "scaling.jsonl")):
-            fail(f"--render: {os.path.join(args.out, 'scaling.jsonl')}: no records to render")
+        records = os.path.join(args.out, "scaling.jsonl")
+        if not (os.path.isfile(records) and os.path.getsize(records)):
+            fail(f"--render: {records}: no records to render")
         return args
     if not args.command:
         fail("-- SCRIPT [ARGS]: the training script to run (or --render)")
