@@ -180,7 +180,7 @@ def make_update_fns(agent, args):
             returns = advantages + values
         return advantages, returns
 
-    def backward(obs, actions, logprobs, advantages, returns, values):
+    def update(obs, actions, logprobs, advantages, returns, values):
         _, newlogprob, entropy, newvalue = agent.network.get_action_and_value(obs, actions)
         logratio = newlogprob - logprobs
         ratio = logratio.exp()
@@ -206,39 +206,26 @@ def make_update_fns(agent, args):
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
         agent.optimizer.zero_grad(set_to_none=agent.grads is None)  # the flat buffer's views stay
         loss.backward()
+        if dist.is_initialized():  # in the update's graph: NCCL's all-reduce is captured with the rest
+            average(agent.grads)
+        nn.utils.clip_grad_norm_(agent.network.parameters(), args.max_grad_norm)
+        agent.optimizer.step()
         outputs = (pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac)
         for name, value in zip(STATS, outputs):  # not returned: a captured function copies outputs out of its graph
             stats[name].copy_(value.detach())
-
-    def step():
-        nn.utils.clip_grad_norm_(agent.network.parameters(), args.max_grad_norm)
-        agent.optimizer.step()
-
-    def update(*minibatch):
-        backward(*minibatch)
-        step()
 
     def policy(obs):
         with torch.no_grad():
             action, logprob, _, value = agent.network.get_action_and_value(obs)
         return action, logprob, value.flatten()
 
-    functions = (gae, update, backward, step, policy)
+    functions = (gae, update, policy)
     if args.compile:
         functions = map(torch.compile, functions)
     if args.cudagraphs:
         functions = (CudaGraphModule(f, warmup=3 if args.compile else 2) for f in functions)
-    # Other names for the wrapped backward and step: update calls the plain ones.
-    gae, update, fast_backward, fast_step, policy = functions
-
-    def update_distributed(*minibatch):
-        # The all-reduce runs between two graphs, not inside one: a collective captured in a CUDA graph is not
-        # tested yet (docs/multigpu.md). Alone, one graph does the whole update.
-        fast_backward(*minibatch)
-        average(agent.grads)
-        fast_step()
-
-    return gae, update_distributed if dist.is_initialized() else update, policy, stats
+    gae, update, policy = functions
+    return gae, update, policy, stats
 
 
 def check_args(args):

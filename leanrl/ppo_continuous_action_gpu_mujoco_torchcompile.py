@@ -247,7 +247,7 @@ def make_update_fns(agent, args):
         graphs = (CudaGraphModule(f, warmup=3 if args.compile else 2) for f in (gae, update, fast_backward, fast_step))
         gae, update, fast_backward, fast_step = graphs
 
-    def update_distributed(*minibatch):  # two graphs, the all-reduce between (in a graph: not tried, docs/multigpu.md)
+    def update_distributed(*minibatch):  # two graphs, the all-reduce between, as in the classic twin
         fast_backward(*minibatch)
         average(agent.grads)
         fast_step()

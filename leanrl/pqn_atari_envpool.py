@@ -62,7 +62,7 @@ class QNetwork(nn.Module):
 
     def __init__(self, n_act, device=None):
         super().__init__()
-        self.n_act = n_act
+        self.n_act = int(n_act)  # envpool gives a numpy int, which torch.compile would take for a tensor
         self.network = nn.Sequential(
             layer_init(nn.Conv2d(4, 32, 8, stride=4, device=device)),
             nn.LayerNorm([32, 20, 20], device=device),

@@ -67,7 +67,7 @@ class QNetwork(nn.Module):
 
     def __init__(self, n_act, device=None):
         super().__init__()
-        self.n_act = n_act
+        self.n_act = int(n_act)  # envpool gives a numpy int, which torch.compile would take for a tensor
         self.network = nn.Sequential(
             layer_init(nn.Conv2d(4, 32, 8, stride=4, device=device)),
             nn.LayerNorm([32, 20, 20], device=device),
@@ -145,7 +145,8 @@ class Agent:
 
 def make_update_fns(agent, args):
     """The two steps of a PQN iteration's learning, the Q(lambda) returns and the update on one minibatch, and the
-    policy that acts; compiled and captured with --compile and --cudagraphs. The update writes its STATS into `stats`."""
+    policy that acts; compiled and captured with --compile and --cudagraphs. The update writes its STATS into
+    `stats`."""
     stats = {name: torch.zeros((), device=agent.optimizer.param_groups[0]["lr"].device) for name in STATS}
 
     def q_lambda(next_obs, next_done, rewards, values, dones):

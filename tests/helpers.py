@@ -4,6 +4,7 @@ does, and check its speed record, its error lines, its TensorBoard scalars, its 
 import functools
 import importlib.util
 import json
+import logging
 import signal
 import socket
 import subprocess
@@ -93,8 +94,20 @@ def run_main_stderr(name, argv, capsys, interrupted=False):
 
 
 def run_mode(name, argv, mode, capsys):
-    """Run a compiled twin in one of MODES; its record says which flags took effect and return it."""
-    record = run_main(name, argv + mode, capsys)
+    """Run a compiled twin in one of MODES; its record says which flags took effect and return it. torch.compile
+    compiles all it is given: a frame it gave up on (a warning of torch._dynamo, such as a backend compiler's
+    exception, after which the frame runs eagerly) fails the test. Dynamo's caches are emptied first, as a user's new
+    process has them: runs of the same functions before, in this process, count towards its recompile limit."""
+    torch._dynamo.reset()
+    given_up = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = given_up.append
+    logging.getLogger("torch._dynamo").addHandler(handler)
+    try:
+        record = run_main(name, argv + mode, capsys)
+    finally:
+        logging.getLogger("torch._dynamo").removeHandler(handler)
+    assert not given_up, [warning.getMessage().splitlines()[0] for warning in given_up]
     assert record["compile"] == ("--compile" in mode)
     # Without CUDA, --cudagraphs falls back to running without graphs and says so in the record.
     assert record["cudagraphs"] == ("--cudagraphs" in mode and torch.cuda.is_available())

@@ -255,12 +255,13 @@ def classic_update_is_the_whole_batch_update(rank):
     torch.testing.assert_close(halves_stats["grad_norm"], whole_stats["grad_norm"], rtol=1e-4, atol=1e-6)
 
 
-def atari_update_is_the_whole_batch_update(rank, obs, actions):
+def atari_update_is_the_whole_batch_update(rank, obs, actions, compile):
     """The Atari twin in a process group: its update (backward into the flat gradient buffer, the all-reduce, then
-    clipping and Adam) on this rank's half of a minibatch gives the gradient and the parameters of the update on the
-    whole minibatch (advantages not normalised per minibatch, so that the loss is a mean over the batch)."""
+    clipping and Adam; with --compile all in one compiled function, as it is captured on GPUs) on this rank's half of
+    a minibatch gives the gradient and the parameters of the update on the whole minibatch (advantages not
+    normalised per minibatch, so that the loss is a mean over the batch)."""
     fast = load_script(FAST)
-    args = fast.Args(norm_adv=False)
+    args = fast.Args(norm_adv=False, compile=compile)
     generator = torch.Generator().manual_seed(3)
     logprobs = torch.full((FRAMES,), -1.4) + torch.rand(FRAMES, generator=generator) * 0.2
     advantages, returns, values = torch.randn(3, FRAMES, generator=generator)
@@ -290,7 +291,8 @@ def ranks_worker(rank, store, results):
     obs = torch.randint(0, 256, (FRAMES, 4, 84, 84), generator=generator, dtype=torch.uint8)
     actions = torch.randint(0, N_ACT, (FRAMES,), generator=generator)
     half = slice(rank * FRAMES // 2, (rank + 1) * FRAMES // 2)
-    atari_update_is_the_whole_batch_update(rank, obs, actions)
+    for compile in (False, True):
+        atari_update_is_the_whole_batch_update(rank, obs, actions, compile)
     torch.manual_seed(0)
     agent = fast.Agent(fast.Args(), N_ACT, "cpu")
     network = agent.network
@@ -331,7 +333,7 @@ def test_averaged_gradient_is_the_whole_batch_gradient_and_drift_is_an_error(tmp
 @pytest.mark.parametrize("name", [BASE, FAST])
 def test_one_rank_under_torchrun_trains_as_one_process(name, workdir, capsys, monkeypatch):
     """One rank under torchrun (a process group of one: the all-reduce, in the twin the flat gradient buffer and the
-    update in two, the agreement to stop, the end check) trains as one process without torchrun: from the same
+    update, the agreement to stop, the end check) trains as one process without torchrun: from the same
     seed, the same return and the same final parameters and optimizer state, bit for bit."""
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     argv = [*TINY, "--total-timesteps", "256"]
