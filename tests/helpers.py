@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -75,7 +76,8 @@ def run_main_stderr(name, argv, capsys, interrupted=False):
     env_id = flag_value(argv, "--env-id", load_script(name).Args.env_id)
     pattern = f"runs/{env_id}__{name}__{flag_value(argv, '--seed', 1)}__*/events.out.tfevents.*"
     earlier_runs = set(cwd.glob(pattern))
-    record = load_script(name).main(argv)
+    with compiled_whole("--compile" in argv):
+        record = load_script(name).main(argv)
     out, err = capsys.readouterr()
     assert json.loads(out.strip().splitlines()[-1]) == record, "the last stdout line must be the speed record"
     assert set(record) == RECORD_KEYS
@@ -93,21 +95,30 @@ def run_main_stderr(name, argv, capsys, interrupted=False):
     return record, err
 
 
-def run_mode(name, argv, mode, capsys):
-    """Run a compiled twin in one of MODES; its record says which flags took effect and return it. torch.compile
-    compiles all it is given: a frame it gave up on (a warning of torch._dynamo, such as a backend compiler's
-    exception, after which the frame runs eagerly) fails the test. Dynamo's caches are emptied first, as a user's new
-    process has them: runs of the same functions before, in this process, count towards its recompile limit."""
+@contextmanager
+def compiled_whole(compile):
+    """With --compile, torch.compile must compile all it is given: a frame it gave up on (a warning of
+    torch._dynamo, such as a backend compiler's exception, after which the frame runs eagerly) fails the test.
+    Dynamo's caches are emptied first, as a user's new process has them: runs of the same functions before, in this
+    process, would count towards its recompile limit."""
+    if not compile:
+        yield
+        return
     torch._dynamo.reset()
     given_up = []
     handler = logging.Handler(logging.WARNING)
     handler.emit = given_up.append
     logging.getLogger("torch._dynamo").addHandler(handler)
     try:
-        record = run_main(name, argv + mode, capsys)
+        yield
     finally:
         logging.getLogger("torch._dynamo").removeHandler(handler)
     assert not given_up, [warning.getMessage().splitlines()[0] for warning in given_up]
+
+
+def run_mode(name, argv, mode, capsys):
+    """Run a compiled twin in one of MODES; its record says which flags took effect and return it."""
+    record = run_main(name, argv + mode, capsys)
     assert record["compile"] == ("--compile" in mode)
     # Without CUDA, --cudagraphs falls back to running without graphs and says so in the record.
     assert record["cudagraphs"] == ("--cudagraphs" in mode and torch.cuda.is_available())
