@@ -297,6 +297,7 @@ def train(args, run):
     # Sizes are per rank, but for the global --batch-size; global_step counts the env steps of all ranks, as
     # --total-timesteps and --learning-starts do.
     all_envs = n_envs * world_size  # env steps of one vector step of all ranks
+    batch_size = args.batch_size // world_size  # this rank's share of the global batch
     envs = Envs(args.env_id, n_envs, args.gamma, device)
     n_obs, n_act, obs_rms = envs.obs.shape[1], envs.n_act, envs.obs_rms  # statistics of the first observations
     agent = Agent(args, n_obs, n_act, envs.low, envs.high, device)
@@ -333,7 +334,7 @@ def train(args, run):
         if global_step >= args.learning_starts:
             for actor_update in actor_updates(args, global_step // all_envs):
                 with phase("data"):
-                    b_obs, b_actions, b_rewards, b_next_obs, b_dones = rb.sample(args.batch_size // world_size)
+                    b_obs, b_actions, b_rewards, b_next_obs, b_dones = rb.sample(batch_size)
                     b_obs, b_next_obs = obs_rms.normalize(b_obs), obs_rms.normalize(b_next_obs)
                 with phase("update"):
                     stats.update(update_critic(b_obs, b_actions, b_rewards, b_next_obs, b_dones))

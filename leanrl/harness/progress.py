@@ -78,8 +78,8 @@ class Progress:
 
     def show(self, step, now, fps, steady):
         self.t_shown = now
-        status = f"fps {fps:.0f}" if steady else "warm-up"
-        status += "" if self.mean_return() is None else f", return {self.mean_return()}"
+        status, mean = f"fps {fps:.0f}" if steady else "warm-up", self.mean_return()
+        status += "" if mean is None else f", return {mean}"
         status += f", eta {(self.total_steps - step) / max(fps, 1e-9) / 60:.1f} min" if steady else ""
         self.bar.set_postfix_str(status, refresh=False)
         self.bar.update(step - self.bar.n)
