@@ -520,8 +520,6 @@ def main(argv=None):
     if output.suffix != ".py":
         fail(f"-o {output}: the bundle is a Python file: name it <name>.py")
     folder = output.resolve().parent
-    if not folder.is_dir():
-        fail(f"-o {output}: no such folder {folder}")
     if output.exists() and not args.force:
         fail(f"-o {output} exists: pass --force to overwrite it, or name another file")
     try:
@@ -532,6 +530,10 @@ def main(argv=None):
     sources = [bundler.script.path] + [m.path for m in bundler.order]
     if any(output.exists() and os.path.samefile(output, s) for s in sources):
         fail(f"-o {output} is one of the files bundled: name another file")
+    try:  # a new folder, as --save-dir makes one: only now that there is a bundle to put in it
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        fail(f"-o {output}: the folder {folder} cannot be made: {e.strerror or e}")
     temporary, umask = None, os.umask(0)
     os.umask(umask)
     try:  # a new file renamed over the path: a failed write leaves the old file as it was
