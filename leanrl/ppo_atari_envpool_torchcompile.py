@@ -1,6 +1,5 @@
 # PPO for Atari on envpool, as CleanRL defines it, made fast with torch.compile, CUDA graphs and docs/tricks.md;
 # data-parallel under torchrun. Docs: docs/ppo_atari.md, docs/multigpu.md
-import gc
 import random
 import sys
 import time
@@ -339,8 +338,7 @@ def train(args, run):
                 agree_to_stop(run, device)
     envs.close()
     if dist.is_initialized():  # one rank under torchrun too: it leaves the process group
-        del gae, update, policy  # NCCL waits for the graphs that captured its all-reduce to go before it can close
-        gc.collect()
+        del gae, update, policy  # NCCL closes only once the graphs that captured its all-reduce are gone
         rank_fps = (global_step - first_step) / world_size / (time.perf_counter() - t_loop)
         check_ranks_agree(agent.network, global_step, rank_fps)
 

@@ -215,8 +215,8 @@ def averaged(backward, optimizer, args):
     """Under torchrun, an update from all ranks' gradients: backward(*inputs) (an update of make_update_fns, which
     there stops before its step and returns its statistics), the all-reduce of the gradients, the optimizer's step.
     The gradients are views into one flat buffer (flat_gradients) that backward fills in place. Backward and step
-    are compiled and captured as the flags say; the all-reduce runs eagerly between their graphs (as in the PPO twins
-    but Atari's: not measured inside one graph here)."""
+    are compiled and captured as the flags say; the all-reduce runs eagerly between their graphs (inside one graph,
+    as the PPO Atari twin has it, was not measured for these)."""
     grads = flat_gradients(optimizer.param_groups[0]["params"])
     fns = backward, optimizer.step
     if args.compile:

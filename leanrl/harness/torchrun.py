@@ -1,6 +1,7 @@
 """Data-parallel runs under torchrun: one process a GPU (or CPU process over gloo), rank 0 writes every output."""
 
 import datetime
+import gc
 import hashlib
 import json
 import os
@@ -28,6 +29,7 @@ def world():
 
 def leave_process_group():
     time.sleep(0.1)  # a worker thread of the last collectives may still need the interpreter's lock to let go
+    gc.collect()  # NCCL closes only once the CUDA graphs that captured its collectives are gone: it waits silently
     dist.destroy_process_group()
 
 
