@@ -125,6 +125,11 @@ def test_synthetic_cuda_trace(tmp_path):
         dict(zip(keys, (400, 165, 152, 83, 84, 70, 5, 3, 2)))
     )
 
+    # kernels by their time, each in the phase that launched it (a memcpy is no kernel)
+    assert entry["kernels"] == [("gemm", "policy", 35, 1), ("graph_kernel_a", "update", 20, 1),
+                                ("graph_kernel_b", "update", 20, 1), ("triton_kernel", "update", 10, 1),
+                                ("late_kernel", "outside phases", 5, 1)]  # fmt: skip
+
     (tmp_path / "gpu" / "record.jsonl").write_text(json.dumps({"script": "fake", "fps": 10000.0, "compile": True,
                                                               "cudagraphs": True}) + "\n")  # fmt: skip
     proc = run_cli(TOOL, tmp_path / "gpu", "--out", tmp_path / "out")
@@ -132,6 +137,7 @@ def test_synthetic_cuda_trace(tmp_path):
     md = (tmp_path / "out" / "breakdown.md").read_text()
     assert "Fake GPU" in md
     assert "| policy | 100 | 20 | 37 | 43 | 39 | 25 | 2.0 | 1.0 | 1.0 |" in md
+    assert "Heaviest GPU kernels (of 5)" in md and "| `gemm` | policy | 35 | 1.0 |" in md
     # 2 env steps per env_step call in 400 µs: 5000 fps under the profiler, half the record's
     assert "| fps under the profiler | 5000 |" in md and "fps under the profiler / fps in the record: 0.50" in md
 

@@ -4,7 +4,8 @@
 
 For each DIR/*.trace.json: time per env step in each phase (env_step, policy, data, update, other, and the
 loop outside them), split into layers: Python, framework C++, CUDA API, GPU kernels and the part of the GPU
-time that overlaps CPU work; plus framework op calls, CUDA launches and synchronisations per env step.
+time that overlaps CPU work; plus framework op calls, CUDA launches and synchronisations per env step, and the
+heaviest GPU kernels by name.
 Writes OUT/breakdown.md and OUT/breakdown.png. The method is in docs/profiling.md.
 """
 
@@ -34,6 +35,7 @@ HEADERS = {
     "launches": "CUDA launches",
     "syncs": "syncs",
 }
+HEAVIEST_KERNELS, KERNEL_NAME_CHARS = 12, 90
 COLORS = {"python": "#4c72b0", "framework": "#dd8452", "cuda_api": "#c44e52", "gpu_overlap": "#55a868",
           "gpu_wait": "#8c8c8c"}  # fmt: skip
 
@@ -199,10 +201,14 @@ def analyze(path):
     # GPU work belongs to the phase whose CPU-side call launched it (matched by correlation id); work whose
     # launch is not in the trace (launched before the profiler started) counts as outside the phases.
     launched_at = {e["args"]["correlation"]: e["ts"] for e in api if "correlation" in e["args"]}
-    gpu_by_label = defaultdict(list)
+    gpu_by_label, kernels = defaultdict(list), defaultdict(lambda: [0.0, 0])
     for e in gpu:
         ts = launched_at.get(e["args"].get("correlation"))
-        gpu_by_label[OUTSIDE if ts is None else label_at(ts)].append((e["ts"], e["ts"] + e["dur"]))
+        label = OUTSIDE if ts is None else label_at(ts)
+        gpu_by_label[label].append((e["ts"], e["ts"] + e["dur"]))
+        if e.get("cat") == "kernel":  # which kernels the GPU time is: a GEMM at a poor rate shows here
+            kernels[(e["name"], label)][0] += e["dur"]
+            kernels[(e["name"], label)][1] += 1
     for label, intervals in gpu_by_label.items():
         busy = union(intervals)
         # GPU time overlaps CPU work unless the CPU sits in a synchronising call waiting for it.
@@ -223,6 +229,8 @@ def analyze(path):
         "wall": wall,
         "phases": {p: {k: v / n_steps for k, v in stats[p].items()} for p in order},
         "total": {k: sum(stats[p][k] for p in order) / n_steps for k in COLUMNS},
+        "kernels": [(name, label, total / n_steps, calls / n_steps)
+                    for (name, label), (total, calls) in sorted(kernels.items(), key=lambda kv: -kv[1][0])],
     }
 
 
@@ -288,6 +296,11 @@ def render_markdown(entries, out):
         phases = [[name, *(fmt(row[c], c, entry["cuda"]) for c in COLUMNS)]
                   for name, row in [*entry["phases"].items(), ("**total**", entry["total"])]]  # fmt: skip
         lines += [""] + markdown_table(["phase", *(HEADERS[c] for c in COLUMNS)], phases)
+        if entry["kernels"]:
+            heaviest = [[f"`{name[:KERNEL_NAME_CHARS]}`", label, f"{us:.0f}", f"{calls:.1f}"]
+                        for name, label, us, calls in entry["kernels"][:HEAVIEST_KERNELS]]  # fmt: skip
+            lines += ["", f"Heaviest GPU kernels (of {len(entry['kernels'])}), µs and calls per env step:", ""]
+            lines += markdown_table(["kernel", "phase", "GPU µs", "calls"], heaviest)
     rows = [["fps under the profiler", *(f"{profiled_fps(e):.0f}" for e in entries)]]
     rows.append(["fps in the speed record", *(f"{e['record']['fps']:.0f}" if e["record"] else "–" for e in entries)])
     for p in PHASES + (OUTSIDE,):
