@@ -70,7 +70,7 @@ class Args(RunOptions):
 
 
 # Vector steps (of all envs) after learning_starts before the fps window opens, and vector steps --profile-dir profiles.
-WARMUP_STEPS, PROFILE_STEPS = 5, 2
+WARMUP_STEPS, PROFILE_STEPS = 5, 20
 LOG_STD_MAX = 2
 LOG_STD_MIN = -5
 # What a checkpoint keeps of the agent, with the replay buffer and the envs.

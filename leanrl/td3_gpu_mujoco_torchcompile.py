@@ -75,7 +75,7 @@ class Args(RunOptions):
 
 
 # Vector steps (of all envs) after learning_starts before the fps window opens, and vector steps --profile-dir profiles.
-WARMUP_STEPS, PROFILE_STEPS = 5, 2
+WARMUP_STEPS, PROFILE_STEPS = 5, 20
 # What a checkpoint keeps of the agent, with the replay buffer, the envs and the exploration noise.
 AGENT_STATE = ("actor", "qnet_params", "qnet_target", "q_optimizer", "actor_optimizer")
 # The statistics of an update, logged as losses/<name>.

@@ -5,7 +5,9 @@ the MuJoCo Warp envs, a per-env replay buffer and the same loop), so each check 
 differs, and test_td3_gpu_mujoco.py and test_sac_gpu_mujoco.py call them with their pair's. Everything runs on the
 CPU, Warp's CPU device."""
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -16,6 +18,7 @@ from helpers import (
     assert_one_line_error,
     assert_same_update,
     assert_steady,
+    assert_trace_phases,
     load_script,
     mode_id,
     run_bad_input,
@@ -180,16 +183,21 @@ def check_buffer_per_env_storage(name):
 
 
 def check_baseline_runs(algo, amp, capsys):
-    """The baseline through learning starts, warm-up and its fps window (with --amp: bf16 autocast)."""
-    record = run_main(algo.base, TINY + amp, capsys)
+    """The baseline through learning starts, warm-up and its fps window (with --amp: bf16 autocast); --profile-dir
+    traces every phase, a vector step of 4 envs per env_step call."""
+    record = run_main(algo.base, TINY + amp + ["--profile-dir", "profile"], capsys)
     assert_steady(record, 100)
     assert record["compile"] is False and record["cudagraphs"] is False
+    assert_trace_phases("profile", algo.base, env_steps_per_call=4)
 
 
 def check_twin_runs(algo, mode, capsys):
     """The twin through learning starts, warm-up and its fps window; without CUDA --cudagraphs runs without graphs
-    (--compile with it: the compiled functions)."""
-    assert_steady(run_mode(algo.fast, TINY, mode, capsys), 100)
+    (--compile with it: the compiled functions). --profile-dir traces its phases (the policy runs in env_step)."""
+    assert_steady(run_mode(algo.fast, TINY + ["--profile-dir", "profile"], mode, capsys), 100)
+    trace = json.loads((Path("profile") / f"{algo.fast}.trace.json").read_text())
+    assert {"env_step", "update", "other"} <= {event.get("name") for event in trace["traceEvents"]}
+    assert int(trace["env_steps_per_call"]) == 4
 
 
 def check_twin_runs_humanoid(algo, capsys):
