@@ -97,7 +97,8 @@ def trained_state(algo, agent_b, agent_f):
     """Every trained tensor of both agents as (name, baseline tensor, twin tensor)."""
     pairs = [(f"actor.{name}", p_b, p_f) for (name, p_b), p_f in
              zip(agent_b.actor.named_parameters(), agent_f.actor.parameters(), strict=True)]  # fmt: skip
-    for tag, nets, params in (("q", "qf1 qf2", agent_f.qnet_params), ("t", "qf1_target qf2_target", agent_f.qnet_target)):
+    critics = (("q", "qf1 qf2", agent_f.qnet_params), ("t", "qf1_target qf2_target", agent_f.qnet_target))
+    for tag, nets, params in critics:
         stacked, _ = torch.func.stack_module_state([getattr(agent_b, net) for net in nets.split()])
         pairs += [(f"{tag}.{name}", value, params[name]) for name, value in stacked.items()]
     return pairs + algo.extra_state(agent_b, agent_f)
