@@ -9,6 +9,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -224,7 +225,13 @@ def test_bad_output(tmp_path, capsys, monkeypatch):
     assert "print(1)" in (tmp_path / "new/folder/o.py").read_text()
     assert_one_line_error(bundle_main([script, "-o", tmp_path / "a_file/o.py"], capsys), "cannot be made")
     assert (tmp_path / "a_file").read_text() == ""
-    assert_one_line_error(bundle_main([script, "-o", tmp_path], capsys), "is a folder")
+    # A folder, as cp takes one: the script's own name in it; here that is the script itself, which stays as it was.
+    assert_one_line_error(bundle_main([script, "-o", tmp_path], capsys), "script.py exists", "--force")
+    assert script.read_text() == "print(1)\n"
+    (tmp_path / "empty").mkdir()
+    for folder in (str(tmp_path / "empty"), str(tmp_path / "not_yet") + os.sep):
+        assert TOOL.main([str(script), "-o", folder]) == 0
+        assert "print(1)" in (Path(folder) / "script.py").read_text()
 
     def unwritable(*args, **kwargs):
         raise PermissionError(13, "Permission denied")

@@ -497,13 +497,13 @@ def main(argv=None):
     parser.add_argument(
         "-o",
         "--output",
-        type=Path,
         help="the file to write; it names the script: the speed record's \"script\" and the checkpoint files take "
-        "its name (my_ppo.py: \"my_ppo\", my_ppo.pt). Without it, the bundle goes to stdout",
+        "its name (my_ppo.py: \"my_ppo\", my_ppo.pt). A folder (or a path ending in /): the script's own name in "
+        "it, as cp does. Without it, the bundle goes to stdout",
     )
     parser.add_argument("--force", action="store_true", help="overwrite the output file if it exists")
     args = parser.parse_args(argv)
-    script, output = args.script, args.output
+    script, output = args.script, args.output and Path(args.output)
     if not script.is_file():
         fail(f"{script}: no such script" if not script.exists() else f"{script} is not a file")
     if script.suffix != ".py":
@@ -515,8 +515,8 @@ def main(argv=None):
         except BundleError as e:
             fail(str(e))
         return 0
-    if output.is_dir():
-        fail(f"-o {output} is a folder: name the file to write")
+    if output.is_dir() or args.output.endswith(os.sep):  # into a folder, under the script's own name
+        output = output / script.name
     if output.suffix != ".py":
         fail(f"-o {output}: the bundle is a Python file: name it <name>.py")
     folder = output.resolve().parent
