@@ -213,11 +213,12 @@ def assert_cudagraphs_fallback(name, *argv):
     assert record["cudagraphs"] is False and record["device"] == "cpu" and record["script"] == name
 
 
-def assert_trace_phases(profile_dir, name, env_steps_per_call):
-    """--profile-dir wrote the script's trace, with every phase and the env steps one env_step call takes."""
+def assert_trace_phases(profile_dir, name, env_steps_per_call, phases=PHASES):
+    """--profile-dir wrote the script's trace, with every phase (of `phases`: a twin whose policy runs inside its
+    env step has none of its own) and the env steps one env_step call takes."""
     trace = json.loads((Path(profile_dir) / f"{name}.trace.json").read_text())
     names = {event.get("name") for event in trace["traceEvents"]}
-    assert set(PHASES) <= names, set(PHASES) - names
+    assert set(phases) <= names, set(phases) - names
     assert int(trace["env_steps_per_call"]) == env_steps_per_call
 
 

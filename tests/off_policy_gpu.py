@@ -5,9 +5,7 @@ the MuJoCo Warp envs, a per-env replay buffer and the same loop), so each check 
 differs, and test_td3_gpu_mujoco.py and test_sac_gpu_mujoco.py call them with their pair's. Everything runs on the
 CPU, Warp's CPU device."""
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -196,9 +194,7 @@ def check_twin_runs(algo, mode, capsys):
     """The twin through learning starts, warm-up and its fps window; without CUDA --cudagraphs runs without graphs
     (--compile with it: the compiled functions). --profile-dir traces its phases (the policy runs in env_step)."""
     assert_steady(run_mode(algo.fast, TINY + ["--profile-dir", "profile"], mode, capsys), 100)
-    trace = json.loads((Path("profile") / f"{algo.fast}.trace.json").read_text())
-    assert {"env_step", "update", "other"} <= {event.get("name") for event in trace["traceEvents"]}
-    assert int(trace["env_steps_per_call"]) == 4
+    assert_trace_phases("profile", algo.fast, env_steps_per_call=4, phases=("env_step", "update", "other"))
 
 
 def check_twin_runs_humanoid(algo, capsys):

@@ -207,8 +207,8 @@ def analyze(path):
         label = OUTSIDE if ts is None else label_at(ts)
         gpu_by_label[label].append((e["ts"], e["ts"] + e["dur"]))
         if e.get("cat") == "kernel":  # which kernels the GPU time is: a GEMM at a poor rate shows here
-            kernels[(e["name"], label)][0] += e["dur"]
-            kernels[(e["name"], label)][1] += 1
+            kernel = kernels[(e["name"], label)]
+            kernel[0], kernel[1] = kernel[0] + e["dur"], kernel[1] + 1
     for label, intervals in gpu_by_label.items():
         busy = union(intervals)
         # GPU time overlaps CPU work unless the CPU sits in a synchronising call waiting for it.
