@@ -498,8 +498,8 @@ def main(argv=None):
         "-o",
         "--output",
         help="the file to write; it names the script: the speed record's \"script\" and the checkpoint files take "
-        "its name (my_ppo.py: \"my_ppo\", my_ppo.pt). A folder (or a path ending in /): the script's own name in "
-        "it, as cp does. Without it, the bundle goes to stdout",
+        "its name (my_ppo.py: \"my_ppo\", my_ppo.pt; a name without .py runs too). A folder (or a path ending in "
+        "/): the script's own name in it, as cp does. Without it, the bundle goes to stdout",
     )
     parser.add_argument("--force", action="store_true", help="overwrite the output file if it exists")
     args = parser.parse_args(argv)
@@ -517,8 +517,6 @@ def main(argv=None):
         return 0
     if output.is_dir() or args.output.endswith(os.sep):  # into a folder, under the script's own name
         output = output / script.name
-    if output.suffix != ".py":
-        fail(f"-o {output}: the bundle is a Python file: name it <name>.py")
     folder = output.resolve().parent
     if output.exists() and not args.force:
         fail(f"-o {output} exists: pass --force to overwrite it, or name another file")
