@@ -33,6 +33,8 @@ RECORD_KEYS = {
 MODES = [[], ["--compile"], ["--cudagraphs"], ["--compile", "--cudagraphs"]]
 # The phases every script's loop runs in (docs/contract.md).
 PHASES = ("env_step", "policy", "data", "update", "other")
+# A GPU twin whose policy runs inside its captured env step traces no "policy" phase of its own.
+POLICY_IN_STEP_PHASES = tuple(p for p in PHASES if p != "policy")
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 

@@ -232,7 +232,7 @@ def test_bad_output(tmp_path, capsys, monkeypatch):
     for folder in (str(tmp_path / "empty"), str(tmp_path / "not_yet") + os.sep):
         assert TOOL.main([str(script), "-o", folder]) == 0
         assert "print(1)" in (Path(folder) / "script.py").read_text()
-    # A new name without .py is a file, as cp writes one (python runs any file): it was refused, and nothing written.
+    # A new name without .py is a file, as cp writes one: python runs any file.
     assert TOOL.main([str(script), "-o", str(tmp_path / "standalone")]) == 0
     assert run_alone(tmp_path / "standalone", []).stdout == "1\n"
 

@@ -17,6 +17,7 @@ import torch
 from helpers import (
     MODES,
     PHASES,
+    POLICY_IN_STEP_PHASES,
     agent_pair,
     assert_equal,
     assert_evaluation_video,
@@ -50,7 +51,7 @@ def tiny(env_id="HalfCheetah-v5", iterations=ITERATIONS):
 @pytest.mark.parametrize(
     "name, phases, steps_per_call",
     # The baseline steps every env in each env_step call; the twin's collect (policy included) takes a rollout.
-    [(NAME, PHASES, 4), (FAST, tuple(p for p in PHASES if p != "policy"), 4 * 8)],
+    [(NAME, PHASES, 4), (FAST, POLICY_IN_STEP_PHASES, 4 * 8)],
     ids=[NAME, FAST],
 )
 def test_iterations_with_profile(name, phases, steps_per_call, tmp_path, capsys):

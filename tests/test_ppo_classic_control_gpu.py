@@ -13,6 +13,7 @@ import torch
 from helpers import (
     MODES,
     PHASES,
+    POLICY_IN_STEP_PHASES,
     agent_pair,
     assert_cudagraphs_fallback,
     assert_one_line_error,
@@ -141,7 +142,7 @@ def test_anneal_lr(name, monkeypatch, capsys):
 @pytest.mark.parametrize(
     "name, phases, steps_per_call",
     # The baseline steps every env in each env_step call; the twin's collect (policy included) takes a rollout.
-    [(BASE, PHASES, NUM_ENVS), (FAST, tuple(p for p in PHASES if p != "policy"), NUM_ENVS * NUM_STEPS["CartPole-v1"])],
+    [(BASE, PHASES, NUM_ENVS), (FAST, POLICY_IN_STEP_PHASES, NUM_ENVS * NUM_STEPS["CartPole-v1"])],
     ids=[BASE, FAST],
 )
 def test_profile_dir(name, phases, steps_per_call, tmp_path, capsys):
