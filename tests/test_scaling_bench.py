@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from helpers import ROOT, SCRIPTS, assert_one_line_error
+from helpers import ROOT, SCRIPTS, assert_one_line_error, load_script
 
 TOOL = SCRIPTS / "tools" / "scaling_bench.py"
 SCRIPT = SCRIPTS / "ppo_classic_control_gpu.py"
@@ -58,6 +58,15 @@ def test_render_from_records_alone(tmp_path):
     table = (out / "scaling.md").read_text()
     assert "| x.py | 2 | 180 | 90 | 1.80x | 90% | 5.0 | 60.0 | 9.0 | 15 (10) |" in table
     assert (out / "returns.png").read_bytes().startswith(b"\x89PNG") and not (out / "logs").exists()
+
+
+def test_plot_labels_keep_each_flag_with_its_value():
+    """Runs that differ by a flag's value (seeds) are told apart by flag and value, not by a bare number; what every
+    run shares is left out."""
+    records = [{"command": "ppo.py --compile --seed 1", "gpus": 1}, {"command": "ppo.py --compile --seed 2", "gpus": 1},
+               {"command": "td3.py --compile --amp --seed 1", "gpus": 2}]  # fmt: skip
+    assert load_script("tools/scaling_bench").run_labels(records) == [
+        "ppo.py, --seed 1, 1 GPU(s)", "ppo.py, --seed 2, 1 GPU(s)", "td3.py, --amp, --seed 1, 2 GPU(s)"]  # fmt: skip
 
 
 def test_bad_input(tmp_path):

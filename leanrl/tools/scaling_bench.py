@@ -112,16 +112,31 @@ def table(records, target):
     return markdown_table(header, rows)
 
 
+def command_parts(command):
+    """The script, then each flag with its values: "--seed 2" is one part, so it is told from "--seed 1"."""
+    parts = []
+    for word in command.split():
+        if word.startswith("--") or not parts:
+            parts.append(word)
+        else:
+            parts[-1] += " " + word
+    return parts
+
+
+def run_labels(records):
+    """Each run's label: the parts of its command that not every run shares, and its GPU count."""
+    shared = set.intersection(*[set(command_parts(r["command"])) for r in records])
+    return [", ".join([part for part in command_parts(r["command"]) if part not in shared] + [f"{r['gpus']} GPU(s)"])
+            for r in records]  # fmt: skip
+
+
 def plot_returns(records, path):
     """Mean return against seconds from the start, a line per run that has a return curve."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    shared = set.intersection(*[set(r["command"].split()) for r in records])  # left out of the labels
-    for r in records:
+    for r, label in zip(records, run_labels(records)):
         if r.get("return_curve"):
             seconds, returns = zip(*[(t, mean) for _, t, mean in r["return_curve"] if mean is not None])
-            own = " ".join(word for word in r["command"].split() if word not in shared)
-            label = ", ".join(part for part in (own, f"{r['gpus']} GPU(s)") if part)
             ax.plot(seconds, returns, marker="o", markersize=3, label=label)
     ax.set_xlabel("seconds from the start (warm-up included)")
     ax.set_ylabel("mean episodic return")
