@@ -162,6 +162,11 @@ def test_without_output_the_bundle_goes_to_stdout(tmp_path):
     assert not (tmp_path / "sac_continuous_action.py").exists()
     help_run = run_alone(alone / "my_sac.py", ["--help"])
     assert help_run.returncode == 0 and "usage: my_sac.py" in help_run.stdout, help_run.stderr
+    # The bare name from another folder (the repository's root, here an empty one) finds the collection's script.
+    for bare in ("sac_continuous_action.py", "sac_continuous_action"):
+        proc = subprocess.run([sys.executable, str(SCRIPTS / "tools/bundle.py"), bare], cwd=alone, capture_output=True,
+                              text=True, timeout=120)  # fmt: skip
+        assert proc.returncode == 0 and proc.stdout == (alone / "my_sac.py").read_text(), proc.stderr
 
 
 def test_docstring_future_and_blocks(tmp_path, capsys):

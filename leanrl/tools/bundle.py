@@ -2,6 +2,7 @@
 
     python leanrl/tools/bundle.py leanrl/ppo_continuous_action.py -o my_ppo.py
     python leanrl/tools/bundle.py leanrl/ppo_continuous_action.py > my_ppo.py
+    python leanrl/tools/bundle.py ppo_continuous_action.py -o my_ppo.py   # a bare name: leanrl/'s script
 
 The modules are those of the script's folder (leanrl/: the harness package, the GPU env modules, any other module
 or package there) that the script imports, found in its import statements and in theirs, recursively. Each comes
@@ -493,7 +494,8 @@ def main(argv=None):
         "the GPU env modules, any module or package of its folder) inlined above its own text. The file runs alone, "
         "copied anywhere, with the script's flags and output.",
     )
-    parser.add_argument("script", type=Path, help="the training script, e.g. leanrl/ppo_continuous_action.py")
+    parser.add_argument("script", type=Path, help="the training script, e.g. leanrl/ppo_continuous_action.py (or "
+                        "its bare name, ppo_continuous_action.py or ppo_continuous_action, from any folder)")
     parser.add_argument(
         "-o",
         "--output",
@@ -504,6 +506,9 @@ def main(argv=None):
     parser.add_argument("--force", action="store_true", help="overwrite the output file if it exists")
     args = parser.parse_args(argv)
     script, output = args.script, args.output and Path(args.output)
+    beside_tools = Path(__file__).resolve().parent.parent / script.with_suffix(".py").name
+    if not script.exists() and script.parent == Path() and beside_tools.is_file():
+        script = beside_tools  # a bare name, from any folder: the collection's script of that name
     if not script.is_file():
         fail(f"{script}: no such script" if not script.exists() else f"{script} is not a file")
     if script.suffix != ".py":
