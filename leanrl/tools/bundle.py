@@ -506,9 +506,9 @@ def main(argv=None):
     parser.add_argument("--force", action="store_true", help="overwrite the output file if it exists")
     args = parser.parse_args(argv)
     script, output = args.script, args.output and Path(args.output)
-    beside_tools = Path(__file__).resolve().parent.parent / script.with_suffix(".py").name
-    if not script.exists() and script.parent == Path() and beside_tools.is_file():
-        script = beside_tools  # a bare name, from any folder: the collection's script of that name
+    collection_script = Path(__file__).resolve().parent.parent / f"{script.stem}.py"
+    if not script.exists() and script.parent == Path() and script.suffix in ("", ".py") and collection_script.is_file():
+        script = collection_script  # a bare name, from any folder: the collection's script of that name
     if not script.is_file():
         fail(f"{script}: no such script" if not script.exists() else f"{script} is not a file")
     if script.suffix != ".py":
