@@ -14,11 +14,11 @@ import torch.nn.functional as F
 import torch.optim as optim
 from tensordict.nn import CudaGraphModule
 
-from harness import Run, RunOptions, exit_code, fail, parse_args
+from harness import Run, exit_code, fail, parse_args
 
 
 @dataclass
-class Args(RunOptions):
+class Args:  # the algorithm's flags; parse_args adds the run options every script shares (docs/contract.md)
     env_id: str = "HalfCheetah-v4"
     """the id of the gymnasium environment"""
     total_timesteps: int = 1000000
@@ -380,42 +380,42 @@ def train(args, run):
     agent.alpha.fill_(agent.log_alpha.exp().item() if args.autotune else args.alpha)  # a resumed run's
     # global_step counts env steps, n_envs per vector step; updates count vector steps, as CleanRL's global_step does.
     for global_step in range(first_step, args.total_timesteps, n_envs):
+        if not run.proceed(global_step):  # Ctrl-C, SIGTERM or a loss gone NaN: saved, the loop ends here
+            break
         vector_step = global_step // n_envs
-        run.unit(global_step)
-        with run.phase("policy"):
-            if global_step < args.learning_starts:
-                actions = envs.action_space.sample()
-            elif next_actions is not None:
-                actions, next_actions = next_actions, None
-            else:
-                actions = act(obs)
-        with run.phase("env_step"):
-            next_obs, rewards, terminations, truncations, infos = envs.step(actions)
-        with run.phase("data"):
-            real_next_obs = next_obs.copy()  # a finished episode's last transition keeps its true final observation
-            if "final_obs" in infos:
-                for i in np.flatnonzero(infos["_final_obs"]):
-                    real_next_obs[i] = infos["final_obs"][i]
-                    episode = infos["final_info"]["episode"]
-                    run.episode(global_step, episode["r"][i], episode["l"][i])
-            rb.stage(obs, real_next_obs, actions, rewards, terminations)
-            obs = next_obs
+        run.phase("policy")
         if global_step < args.learning_starts:
-            with run.phase("data"):
-                rb.push()
+            actions = envs.action_space.sample()
+        elif next_actions is not None:  # trick 9: act ahead of a critic-only update
+            actions, next_actions = next_actions, None
+        else:
+            actions = act(obs)
+        run.phase("env_step")
+        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+        run.phase("data")
+        real_next_obs = next_obs.copy()  # a finished episode's last transition keeps its true final observation
+        if "final_obs" in infos:
+            for i in np.flatnonzero(infos["_final_obs"]):
+                real_next_obs[i] = infos["final_obs"][i]
+                episode = infos["final_info"]["episode"]
+                run.episode(global_step, episode["r"][i], episode["l"][i])
+        rb.stage(obs, real_next_obs, actions, rewards, terminations)  # trick 6: on-device storage
+        obs = next_obs
+        if global_step < args.learning_starts:
+            rb.push()
         else:
             actor_update = vector_step % args.policy_frequency == 0
-            if not actor_update:  # the actor stays as it is: act for the next step while the device updates the critic
-                with run.phase("policy"):
-                    next_actions = act(obs)
-            with run.phase("update"):
-                train_step(actor_update, vector_step % args.target_network_frequency == 0)
-        with run.phase("other"):
-            # By then an actor update has run (in this run, if it was resumed): its statistics exist.
-            logged = global_step >= max(args.learning_starts, first_step) + args.policy_frequency * n_envs
-            if run.tick(global_step + n_envs) and logged:
-                losses = {f"losses/{name}": stats[name] for name in STATS}
-                run.log(global_step, {**losses, "losses/alpha": agent.alpha})
+            if not actor_update:  # trick 9: the actor stays as it is, so act for the next step while the critic updates
+                run.phase("policy")
+                next_actions = act(obs)
+            run.phase("update")
+            train_step(actor_update, vector_step % args.target_network_frequency == 0)  # trick 14: one graph a step
+        run.phase("other")
+        # By then an actor update has run (in this run, if it was resumed): its statistics exist.
+        logged = global_step >= max(args.learning_starts, first_step) + args.policy_frequency * n_envs
+        if run.tick(global_step + n_envs) and logged:
+            losses = {f"losses/{name}": stats[name] for name in STATS}
+            run.log(global_step, {**losses, "losses/alpha": agent.alpha})
     envs.close()
 
 

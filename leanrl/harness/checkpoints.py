@@ -6,7 +6,7 @@ import random
 import numpy as np
 import torch
 
-from .errors import fail
+from .progress import fail
 
 CHECKPOINT_FORMAT = "leanrl-checkpoint-2"
 

@@ -9,7 +9,8 @@ from dataclasses import asdict, dataclass, fields
 import tyro
 
 from .checkpoints import checkpoint_file, read_checkpoint
-from .errors import fail
+from .progress import fail
+from .torchrun import setup_distributed
 
 # Numeric flags must be finite and >= 0; these, where a script has them, > 0 or in (0, 1].
 POSITIVE = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "buffer_size",
@@ -64,10 +65,17 @@ class RunOptions:
     """episodes that --eval-checkpoint runs"""
 
 
+def with_run_options(Args):
+    """A script's Args (the algorithm's flags) with the RunOptions every script shares, which come first in --help."""
+    return dataclass(type(Args.__name__, (Args, RunOptions), {"__doc__": Args.__doc__}))
+
+
 def parse_args(Args, script_file, argv=None):
-    """(args, checkpoint): argv over the arguments of the checkpoint to resume or evaluate, range-checked."""
+    """(args, checkpoint): argv over the arguments of the checkpoint to resume or evaluate, range-checked, of Args with
+    the run options. Under torchrun, this rank joins the process group (setup_distributed)."""
     script = os.path.basename(script_file).removesuffix(".py")
     argv = sys.argv[1:] if argv is None else argv
+    Args = with_run_options(Args)
     args, checkpoint = tyro.cli(Args, args=argv), None
     if args.resume and args.eval_checkpoint:
         fail("--resume and --eval-checkpoint exclude each other")
@@ -94,6 +102,7 @@ def parse_args(Args, script_file, argv=None):
         fail(f"--save-every {args.save_every} needs --save-dir")
     if args.track and not args.tensorboard:
         fail("--track mirrors the TensorBoard scalars to wandb: drop --no-tensorboard")
+    setup_distributed(args)
     return args, checkpoint
 
 

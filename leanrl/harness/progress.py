@@ -1,5 +1,5 @@
-"""What a run shows while it runs: the progress bar or lines, the mean return and its curve, the scalars logged to
-TensorBoard (which --track mirrors to wandb, as in CleanRL)."""
+"""What a run shows: a one-line error for bad input, the progress bar or lines, the mean return and its curve, the
+scalars logged to TensorBoard (which --track mirrors to wandb, as in CleanRL)."""
 
 import os
 import sys
@@ -9,10 +9,15 @@ import numpy as np
 import torch
 import tqdm
 
-from .errors import fail
 
 PROGRESS_SECONDS, CONSOLE_SECONDS = 1.0, 10.0  # the bar's refresh; a progress line off a terminal
 CURVE_POINTS, CURVE_SECONDS = 50, 10.0  # a return curve point every 1/50 of the run, and at least every 10 s
+
+
+def fail(message):
+    """Bad input: one line on stderr, exit code 2, no traceback."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 class ScalarLog:

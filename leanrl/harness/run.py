@@ -1,5 +1,7 @@
-"""Run: what a training loop talks to (docs/contract.md). start() before the loop, unit() as each unit of work
-begins, episode() and tick() after env steps, log(); `with run.stoppable():` around the loop, finish() after it."""
+"""Run: what a training loop talks to (docs/contract.md). start() before the loop; `if not run.proceed(step): break`
+as each unit of work begins; phase() marks what the time that follows is spent on; episode() and tick() after env
+steps, log(); `with run.stoppable():` around the loop, finish() after it. Under torchrun, start() joins the ranks,
+proceed() makes them agree to stop together and finish() checks they end equal."""
 
 import json
 import logging
@@ -9,13 +11,14 @@ import signal
 import sys
 import time
 import warnings
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from ctypes.util import find_library
 from dataclasses import asdict
 
 import gymnasium
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from .checkpoints import (
@@ -27,21 +30,16 @@ from .checkpoints import (
     state_dict,
     write_checkpoint,
 )
-from .errors import fail
 from .options import check_outputs
-from .progress import Progress, ScalarLog
+from .progress import Progress, ScalarLog, fail
 from .signals import StopSignals
-from .speed import SpeedWindow, print_record, speed_record
-from .torchrun import world
+from .speed import SpeedWindow, print_record
+from .torchrun import agree, check_ranks_agree, fail_on_every_rank, join_ranks, world
 
 # Notes that are not the user's concern; the last: the episode an evaluation leaves unfinished is not recorded.
 QUIET_WARNINGS = (r".*The environment \S+-v\d+ is out of date", r"Using lock_\(\) inside a compiled graph",
                   r"TensorFloat32 tensor cores", r"The AccumulateGrad node's stream does not match",
                   r"\s*Online softmax is disabled on the fly", r".*Unable to save last video")  # fmt: skip
-
-
-class Diverged(Exception):
-    pass
 
 
 class Run:
@@ -66,16 +64,20 @@ class Run:
         headless_video(args)
         quiet_mujoco(args.env_id)
         self.video_folder = os.path.join("videos", self.run_name) if getattr(args, "capture_video", False) else None
-        self.phase = record_function if args.profile_dir else lambda name: nullcontext()
         self.steps, self.window, self.profiler, self.progress, self.scalars = 0, None, None, None, None
-        self.interrupted, self.diverged = False, None
+        self.state, self.replicated, self.open_phase = None, None, None
+        # interrupted: by a signal; abrupt: at once, not where the loop's next unit begins
+        self.interrupted, self.abrupt, self.diverged = False, False, None
         self.stops = StopSignals()
 
-    def start(self, state, *, total_steps, warmup_steps, profile_steps, env_steps_per_call, warmup_from=0):
+    def start(self, state, *, total_steps, warmup_steps, profile_steps, env_steps_per_call, warmup_from=0,
+              replicated=None):
         """The loop's plan in env steps: total_steps; the fps window opens warmup_steps past warmup_from (SAC:
         learning_starts) or past a resumed run's first step, whichever is later; --profile-dir profiles its first
         profile_steps; one env_step phase takes env_steps_per_call. `state` is what checkpoints hold (state_dict):
-        on --resume it is restored here, in place, with the random generators. Returns the first env step."""
+        on --resume it is restored here, in place, with the random generators. Under torchrun, `replicated` (what
+        has state_dict(): the trained tensors) is what every rank holds alike: rank 0's go to every rank here, and
+        finish() checks them equal. Returns the first env step."""
         first_step, returns, curve, seconds = 0, [], [], 0.0
         if self.checkpoint is not None:
             saved_env = self.checkpoint["args"]["env_id"]
@@ -102,22 +104,37 @@ class Run:
                   + "; fps and eta once the rate is steady", file=sys.stderr, flush=True)  # fmt: skip
         # The curve's seconds go on from the checkpoint's: a resumed run's curve is one run's. After the line: a bar.
         self.progress = Progress(self.script, first_step, total_steps, returns, curve, self.t_start - seconds)
+        if world()[1] > 1:
+            if replicated is None:
+                fail_on_every_rank(f"{self.script} runs in one process: it does not run under torchrun")
+            self.replicated = replicated
+            join_ranks(replicated, self.args.seed, first_step)
+            self.stops.defer()
         self.stops.in_loop, self.t_unit = True, time.perf_counter()
         return first_step
 
     def save_due(self, step):
         return self.args.save_every and (step // self.args.save_every + 1) * self.args.save_every
 
-    def unit(self, step):
-        """A unit of work begins after `step` env steps: checkpoint, stop, fps window, profiler."""
+    def proceed(self, step):
+        """A unit of work begins after `step` env steps: the checkpoint when due, the fps window, the profiler; False
+        when the run stops here instead (Ctrl-C, SIGTERM, a loss gone NaN), its checkpoint saved. Under torchrun
+        the ranks agree on it (one all-reduce): every rank stops at the same step."""
         now = time.perf_counter()
         self.steps, self.stops.unit_seconds, self.t_unit = step, now - self.t_unit, now
+        self.end_phase()
         self.stops.catch()
-        due = self.stops.signal or self.next_save and step >= self.next_save
-        if self.args.save_dir and due and self.diverged is None:  # a diverged run keeps its last good checkpoint
-            self.save(step)
-        if self.stops.signal:
-            raise KeyboardInterrupt
+        if self.replicated is not None:
+            asked = self.stops.pending or (signal.SIGTERM if self.diverged else 0)
+            self.stops.signal = int(agree(asked, dist.ReduceOp.MAX, self.device)) or None
+            if self.stops.signal and dist.get_rank():
+                sys.stderr = open(os.devnull, "w")  # rank 0 tells where the run stopped
+        stop = self.stops.signal or self.diverged
+        if self.args.save_dir and (stop or self.next_save and step >= self.next_save) and self.diverged is None:
+            self.save(step)  # a diverged run keeps its last good checkpoint
+        if stop:
+            self.interrupted = self.diverged is None
+            return False
         if self.window.opens(step) and self.args.profile_dir:
             cuda = self.device.type == "cuda"
             self.profiler = profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda)
@@ -125,8 +142,23 @@ class Run:
             self.profiler.add_metadata_json("env_steps_per_call", str(self.env_steps_per_call))  # for breakdown.py
         elif self.profiler is not None and step >= self.window.step_open + self.profile_steps:
             self.save_profile()
+        return True
+
+    def phase(self, name):
+        """The time from here to the next phase() or unit of work is spent on `name` (policy, env_step, data,
+        update, other: --profile-dir's layers)."""
+        if self.profiler is not None:
+            self.end_phase()
+            self.open_phase = record_function(name)
+            self.open_phase.__enter__()
+
+    def end_phase(self):
+        if self.open_phase is not None:
+            self.open_phase.__exit__(None, None, None)
+            self.open_phase = None
 
     def save_profile(self):
+        self.end_phase()
         self.profiler.stop()
         self.profiler.export_chrome_trace(os.path.join(self.args.profile_dir, f"{self.script}.trace.json"))
         self.profiler = None
@@ -146,14 +178,10 @@ class Run:
         self.log(step, {"charts/episodic_return": float(episodic_return), "charts/episodic_length": int(length)})
 
     def log(self, step, scalars):
-        """Scalars to TensorBoard; a loss that is no longer finite ends the run (under torchrun: as the ranks next
-        agree to stop, every rank, else the others would wait in their next collective)."""
+        """Scalars to TensorBoard; a loss that is no longer finite stops the run as the next unit begins."""
         for key, value in self.scalars.log(step, scalars).items():
             if key.startswith("losses/") and not math.isfinite(value) and self.diverged is None:
                 self.diverged = f"the run diverged: {key} became {value} at env step {step}"
-                if world()[1] == 1:
-                    raise Diverged
-                self.rank_signal = signal.SIGTERM
 
     def save(self, step):
         """The checkpoint, atomically; the seconds it takes are left out of the fps."""
@@ -169,18 +197,15 @@ class Run:
 
     @contextmanager
     def stoppable(self):
-        """Around the loop: Ctrl-C or SIGTERM ends it early, a loss gone NaN ends it as diverged; a run that ends
-        otherwise saves its last checkpoint."""
+        """Around the loop, for the stops that cannot wait for its next unit: a second Ctrl-C or SIGTERM, or one
+        before the loop began, ends it at once; a distribution's check of its parameters (a ValueError) ends it as
+        diverged when the trained tensors hold NaN or infinity."""
         try:
             yield
-            if self.args.save_dir:
-                self.save(self.steps)
         except KeyboardInterrupt:
-            self.interrupted = True
-        except Diverged:
-            pass
-        except ValueError as e:  # a distribution's check of its parameters, the first place NaN shows
-            if "invalid values" not in str(e):
+            self.interrupted = self.abrupt = True
+        except ValueError:
+            if self.state is None or all_finite(self.state):
                 raise
             self.diverged = f"the run diverged: NaN in the policy at env step {self.steps}"
 
@@ -199,11 +224,18 @@ class Run:
         return record
 
     def finish(self):
-        """The speed record: the last stdout line, appended to --speed-log. Without a window: the whole loop's."""
+        """After the loop: the last checkpoint of a run that went to its end, under torchrun the ranks' check; the
+        speed record: the last stdout line, appended to --speed-log. Without a window: the whole loop's."""
         self.stops.ignore()
+        completed = self.window is not None and not (self.interrupted or self.diverged)
+        if completed and self.args.save_dir:
+            self.save(self.steps)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         t_end, window = time.perf_counter(), self.window or SpeedWindow(0, 0)
+        if completed and self.replicated is not None:
+            rank_fps = (self.steps - window.first_step) / world()[1] / (t_end - window.t_loop)
+            check_ranks_agree(self.replicated, self.steps, rank_fps)
         if self.profiler is not None:
             self.save_profile()
         if self.progress is not None:
@@ -213,14 +245,41 @@ class Run:
             print(f"interrupted after {self.steps} env steps", file=sys.stderr, flush=True)
         if self.diverged:
             print(f"error: {self.diverged}", file=sys.stderr, flush=True)
-        record = speed_record(self, window, self.steps, t_end, self.interrupted, self.diverged is not None)
+        record = self.record(window, t_end)
         print_record(record, self.args.speed_log)
         return record
+
+    def record(self, window, t_end):
+        """The speed record (docs/contract.md): the fps of the steady window, the warm-up apart."""
+        args, cuda, steps, steady = self.args, self.device.type == "cuda", self.steps, window.steady(self.steps)
+        return {
+            "script": self.script, "env_id": args.env_id, "seed": args.seed, "compile": getattr(args, "compile", False),
+            "cudagraphs": getattr(args, "cudagraphs", False), "amp": getattr(args, "amp", False),
+            "device": self.device.type, "gpu": torch.cuda.get_device_name() if cuda else None,
+            "cpu_count": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "total_timesteps": steps, "fps": round(window.fps(steps, t_end), 1), "steady": steady,
+            "interrupted": self.interrupted, "diverged": self.diverged is not None,
+            "fps_overall": round((steps - window.first_step) / (t_end - self.t_start), 1),
+            "resumed_from": window.first_step if self.checkpoint is not None else None,
+            "checkpoint_seconds": round(window.paused, 3),
+            "warmup_seconds": round((window.t_open if steady else window.t_loop) - self.t_start, 3),
+            "wall_seconds": round(t_end - self.t_start, 3),
+            "episodic_return": self.progress and self.progress.mean_return(),
+            "return_curve": self.progress and self.progress.curve or [],
+        }  # fmt: skip
 
 
 def exit_code(record):
     """The process's exit code: 1 for a diverged run, 130 after Ctrl-C or SIGTERM, else 0."""
     return 1 if record.get("diverged") else 130 if record.get("interrupted") else 0
+
+
+def all_finite(state):
+    """Whether the trained tensors of a checkpoint's state (modules' parameters, tensors) are all finite."""
+    if isinstance(state, dict):
+        return all(all_finite(part) for part in state.values())
+    tensors = state.parameters() if isinstance(state, torch.nn.Module) else [state] * isinstance(state, torch.Tensor)
+    return all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
 
 
 def quiet_mujoco(env_id):

@@ -10,6 +10,7 @@ import tqdm
 class StopSignals:
     def __init__(self):
         self.signal, self.in_loop, self.handler, self.unit_seconds = None, False, self.on_signal, 0.0
+        self.pending = None  # deferred: the signal noted, not yet agreed on
         self.catch()
 
     def catch(self):  # again as each unit begins: Triton's LLVM puts its own handlers in when it compiles
@@ -19,6 +20,15 @@ class StopSignals:
     def ignore(self):  # nothing cuts the record short
         self.handler = signal.SIG_IGN
         self.catch()
+
+    def defer(self):
+        """Under torchrun: a signal is only noted as pending, and stops the run once the ranks agree on it (a rank
+        that stopped alone would leave the others waiting in a collective; torchrun passes Ctrl-C on to every rank)."""
+        self.pending, self.signal, self.handler = self.signal, None, self.note
+        self.catch()
+
+    def note(self, signum, frame):
+        self.pending = signum
 
     def on_signal(self, signum, frame):
         """In the loop: stop as the next unit begins, never inside a compilation or a graph capture. The same stop

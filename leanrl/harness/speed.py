@@ -1,11 +1,8 @@
-"""The steady fps window and the speed record, the last stdout line of every run (docs/contract.md)."""
+"""The steady fps window, and the speed record printed: the last stdout line of every run (docs/contract.md)."""
 
 import json
-import os
 import sys
 import time
-
-import torch
 
 HEADLINE = ("script", "env_id", "total_timesteps", "fps", "warmup_seconds", "wall_seconds", "episodic_return",
             "interrupted", "diverged")  # fmt: skip
@@ -32,25 +29,6 @@ class SpeedWindow:
         if self.steady(step):
             return (step - self.step_open) / (now - self.t_open - self.paused + self.paused_open)
         return (step - self.first_step) / max(now - self.t_loop - self.paused, 1e-9)
-
-
-def speed_record(run, window, steps, t_end, interrupted, diverged):
-    args, cuda = run.args, run.device.type == "cuda"
-    steady = window.steady(steps)
-    return {
-        "script": run.script, "env_id": args.env_id, "seed": args.seed, "compile": getattr(args, "compile", False),
-        "cudagraphs": getattr(args, "cudagraphs", False), "amp": getattr(args, "amp", False),
-        "device": run.device.type, "gpu": torch.cuda.get_device_name() if cuda else None, "cpu_count": os.cpu_count(),
-        "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "total_timesteps": steps,
-        "fps": round(window.fps(steps, t_end), 1), "steady": steady, "interrupted": interrupted, "diverged": diverged,
-        "fps_overall": round((steps - window.first_step) / (t_end - run.t_start), 1),
-        "resumed_from": window.first_step if run.checkpoint is not None else None,
-        "checkpoint_seconds": round(window.paused, 3),
-        "warmup_seconds": round((window.t_open if steady else window.t_loop) - run.t_start, 3),
-        "wall_seconds": round(t_end - run.t_start, 3),
-        "episodic_return": run.progress and run.progress.mean_return(),
-        "return_curve": run.progress and run.progress.curve or [],
-    }  # fmt: skip
 
 
 def print_record(record, speed_log):

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .errors import fail
+from .progress import fail
 
 DIST_TIMEOUT_SECONDS = 900  # a rank that died or hangs ends the job; long enough for compilation and capture
 STUCK_SECONDS = 25  # a rank not stopped this long after a signal waits for a dead one (torchrun kills it at 30)
@@ -79,15 +79,6 @@ def average(flat):
     flat /= dist.get_world_size()
 
 
-def average_gradients(parameters):
-    """Every rank's gradients of `parameters` replaced by their mean over the ranks, through one flat buffer."""
-    grads = [p.grad for p in parameters]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    average(flat)
-    for g, part in zip(grads, flat.split([g.numel() for g in grads])):
-        g.copy_(part.view_as(g))
-
-
 def flat_gradients(parameters):
     """The parameters' gradients made views into one flat buffer, returned, which backward fills in place: average()
     needs no copy, captured graphs find them at fixed addresses. Each view starts on 16 bytes (after a bias of one
@@ -100,17 +91,14 @@ def flat_gradients(parameters):
     return flat
 
 
-def join_ranks(run, network, args, global_step):
-    """After run.start: rank 0's parameters on every rank; after a resume, the other ranks' generators reseeded
-    apart; a signal only asks the ranks to stop together (torchrun passes Ctrl-C on to ranks that got it already)."""
-    for tensor in network.state_dict().values():
+def join_ranks(replicated, seed, global_step):
+    """After the start: rank 0's tensors of `replicated` (its state_dict()) on every rank; after a resume, the other
+    ranks' generators reseeded apart; a rank that hangs after a stop signal ends the process (exit_if_stuck)."""
+    for tensor in replicated.state_dict().values():
         dist.broadcast(tensor, 0)
     if global_step and dist.get_rank():  # every rank holds rank 0's generators: the others reseed from the step
-        for seed in (random.seed, np.random.seed, torch.manual_seed):
-            seed(args.seed + dist.get_rank() + global_step)
-    run.rank_signal, run.stops.signal = run.stops.signal, None
-    run.stops.handler = lambda signum, frame: setattr(run, "rank_signal", signum)
-    run.stops.catch()
+        for seed_generator in (random.seed, np.random.seed, torch.manual_seed):
+            seed_generator(seed + dist.get_rank() + global_step)
     exit_if_stuck(dist.get_rank())
 
 
@@ -133,17 +121,10 @@ def exit_if_stuck(rank, seconds=STUCK_SECONDS):
     threading.Thread(target=watch, daemon=True).start()
 
 
-def agree_to_stop(run, device):
-    """At the end of each iteration: any rank's signal stops every rank as the next begins (rank 0 saves). Only
-    this agreement sets the run's signal: a rank that stopped on its own would leave the others in a collective."""
-    run.stops.signal = int(agree(run.rank_signal or 0, dist.ReduceOp.MAX, device)) or None
-    if run.stops.signal and dist.get_rank():
-        sys.stderr = open(os.devnull, "w")  # rank 0 tells where the run stopped
-
-
-def check_ranks_agree(network, global_step, rank_fps):
-    """The end: every rank holds rank 0's parameters bit for bit, else an error; rank 0 prints each rank's fps."""
-    data = b"".join(t.detach().cpu().numpy().tobytes() for t in network.state_dict().values())
+def check_ranks_agree(replicated, global_step, rank_fps):
+    """The end: every rank holds rank 0's tensors of `replicated` bit for bit, else an error; rank 0 prints each
+    rank's fps; the ranks leave the process group."""
+    data = b"".join(t.detach().cpu().numpy().tobytes() for t in replicated.state_dict().values())
     if differ := digests_differ(hashlib.sha256(data).hexdigest()):
         fail_on_every_rank(f"after {global_step} env steps, the parameters of ranks {differ} differ from rank 0's")
     fps = [None] * dist.get_world_size()
