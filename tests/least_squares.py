@@ -9,11 +9,11 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "leanrl"))  # the harness
-from harness import Run, RunOptions, exit_code, fail, parse_args  # noqa: E402
+from harness import Run, exit_code, fail, parse_args  # noqa: E402
 
 
 @dataclass
-class Args(RunOptions):
+class Args:  # the toy's flags; parse_args adds the run options every script shares
     env_id: str = "LeastSquares"
     """the name the toy's runs go by"""
     total_timesteps: int = 2000
@@ -44,17 +44,18 @@ def train(args, run):
     first_step = run.start(state, total_steps=args.total_timesteps, warmup_steps=8 * args.num_envs,
                            profile_steps=4 * args.num_envs, env_steps_per_call=args.num_envs)  # fmt: skip
     for global_step in range(first_step, args.total_timesteps, args.num_envs):
-        run.unit(global_step)
-        with run.phase("env_step"):
-            x = torch.randn(args.num_envs, 4)
-            y = x @ weights
-            time.sleep(args.step_seconds)
-        with run.phase("update"):
-            loss = (model(x.to(run.device)).squeeze(1) - y.to(run.device)).pow(2).mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            seen += args.num_envs
+        if not run.proceed(global_step):
+            break
+        run.phase("env_step")
+        x = torch.randn(args.num_envs, 4)
+        y = x @ weights
+        time.sleep(args.step_seconds)
+        run.phase("update")
+        loss = (model(x.to(run.device)).squeeze(1) - y.to(run.device)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        seen += args.num_envs
         if (global_step // args.num_envs) % 10 == 9:
             run.episode(global_step, -loss.item(), 10)
         if run.tick(global_step + args.num_envs):

@@ -3,6 +3,7 @@ file of the project; its algorithm comes first, a network or env class early in 
 documented; the twin keeping the baseline's algorithm parts."""
 
 import ast
+import re
 
 import pytest
 from helpers import MODULES
@@ -89,3 +90,66 @@ def test_twin_keeps_the_baseline_algorithm_parts(base):
                  "WARMUP_STEPS", "WARMUP_ITERATIONS"):  # fmt: skip
         if name in parts_base:
             assert parts_twin.get(name) == parts_base[name], f"{name} differs between {base.stem} and its twin"
+
+
+def trick_labels():
+    """{number: (label, [scripts])} from docs/tricks.md's table of labels."""
+    table = {}
+    for line in (LEANRL.parent / "docs" / "tricks.md").read_text().splitlines():
+        if cells := re.fullmatch(r"\| (\d+) \| ([^|]+) \| ([^|]*) \|", line):
+            number, label, scripts = cells.groups()
+            table[int(number)] = (label.strip(), re.findall(r"`(\w+)`", scripts))
+    return table
+
+
+def labels_in(path):
+    """{trick number: label text} of the `# trick N: ...` comments of a script."""
+    found = {}
+    for number, text in re.findall(r"# trick (\d+): ([^#\n]+)", path.read_text()):
+        found.setdefault(int(number), []).append(text.strip())
+    return found
+
+
+@pytest.mark.parametrize("path", [p for p in SCRIPTS if p.stem.endswith("_torchcompile")], ids=lambda p: p.stem)
+def test_every_twin_labels_its_tricks(path):
+    """A twin's places that differ from its baseline say which trick of docs/tricks.md they are, by number and label;
+    tricks.md lists each script that carries a label under that trick, and no other."""
+    table, labels = trick_labels(), labels_in(path)
+    assert labels, f"{path.name} cites no trick"
+    for number, texts in labels.items():
+        assert number in table, f"{path.name}: trick {number} is not in docs/tricks.md"
+        wrong = [text for text in texts if not text.startswith(table[number][0])]
+        assert not wrong, f"{path.name}: trick {number} is '{table[number][0]}', not {wrong}"
+    listed = {number for number, (_, scripts) in table.items() if path.stem in scripts}
+    assert listed == set(labels), f"docs/tricks.md lists {path.stem} under {sorted(listed)}, it labels {sorted(labels)}"
+
+
+def test_tricks_table_numbers_every_trick():
+    headings = re.findall(r"^## (\d+)\. ", (LEANRL.parent / "docs" / "tricks.md").read_text(), flags=re.MULTILINE)
+    assert sorted(trick_labels()) == sorted(map(int, headings)) == list(range(1, len(headings) + 1))
+    assert {s for _, scripts in trick_labels().values() for s in scripts} <= {p.stem for p in SCRIPTS}
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.stem)
+def test_loop_exits_are_visible(path):
+    """A stop (signal, divergence) ends a loop through `if not run.proceed(step): break` in the loop's own body; no
+    other harness call ends it (run.unit, which raised, is gone)."""
+    tree = ast.parse(path.read_text())
+    proceeds = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == "run.proceed"]
+    assert proceeds, f"{path.name} never calls run.proceed"
+    visible = []
+    for loop in [n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.While))]:
+        for node in loop.body:
+            if (isinstance(node, ast.If) and ast.unparse(node.test).startswith("not run.proceed(")
+                    and [type(s) for s in node.body] == [ast.Break]):  # fmt: skip
+                visible.append(node.test.operand)
+    assert sorted(map(id, visible)) == sorted(map(id, proceeds)), f"{path.name}: run.proceed outside `if not`/`break`"
+    assert "run.unit(" not in path.read_text()
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.stem)
+def test_harness_names_imported(path):
+    """A script imports few harness names: at most 9 under torchrun (its all-reduce and the world), else fewer."""
+    tree = ast.parse(path.read_text())
+    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "harness" for a in n.names]
+    assert len(names) <= 9 and len(set(names)) == len(names), names

@@ -115,7 +115,19 @@ def test_a_finished_run_resumed_says_so(capsys):
     [
         (["--learning-rate", "-0.1"], "--learning-rate -0.1"),
         (["--learning-rate", "0"], "--learning-rate 0"),
-        (["--learning-rate", "nan"], "--learning-rate nan"),
+        (["--learning-rate", "nan"], "--learning-rate nan must be a finite number"),
+        (["--learning-rate", "inf"], "--learning-rate inf must be a finite number"),
+        (["--seed", "4294967296"], "--seed 4294967296 must be at most 2147483647"),
+        (["--seed", str(2**40)], f"--seed {2**40} must be at most"),
+        (["--exp-name", "a" * 300], "--exp-name: the run's folder name"),
+        (["--exp-name", "a\nb"], "--exp-name 'a\\nb': a name of printable characters"),
+        (["--exp-name", ""], "--exp-name '': an empty name"),
+        (["--save-dir", ""], "--save-dir '': an empty name"),
+        (["--resume", ""], "--resume '': an empty name"),
+        (["--speed-log", ""], "--speed-log '': an empty name"),
+        (["--profile-dir", ""], "--profile-dir '': an empty name"),
+        (["--learning-rat", "0.1"], "--learning-rat: not a flag of this script; did you mean --learning-rate?"),
+        (["--lr", "0.1"], "--lr: not a flag of this script; did you mean --learning-rate?"),
         (["--seed", "-1"], "--seed -1"),
         (["--total-timesteps", "0"], "--total-timesteps 0"),
         (["--num-envs", "0"], "--num-envs 0"),
@@ -155,7 +167,7 @@ def saved(capsys):
         (["--resume", "run", "--learning-rate", "0.5"], "--learning-rate 0.5 (saved: 0.01) differ"),
         (["--resume", "run", "--env-id", "Other"], "--env-id changes the algorithm"),
         (["--resume", "run", "--env-id", "Other", "--learning-rate", "0.5"], "--env-id, --learning-rate change the"),
-        (["--exp-name", "a/b"], "--exp-name a/b: a name, not a path"),
+        (["--exp-name", "a/b"], "--exp-name 'a/b': a name of printable characters, not a path"),
         (["--resume", "other_env.pt", "--env-id", "LeastSquares", "--resume-anyway"],
          "the checkpoint's state.model does not fit this run on LeastSquares (the checkpoint's: Other): size mismatch "
          "for weight"),
@@ -184,6 +196,31 @@ def test_unwritable_output_fails_at_start(option, below, capsys):
     proc = run_bad_input(NAME, [option, f"plain-file/{below}"], capsys)
     assert_one_line_error(proc, option, "cannot be written")
     assert Path("plain-file").read_text() == "not a folder\n"
+
+
+@pytest.mark.parametrize("in_the_way", ["runs", "speed.jsonl"])
+def test_a_file_or_folder_in_the_way_is_named(in_the_way, capsys):
+    """A file named runs where TensorBoard's folder goes, a folder named as --speed-log's file: one line naming it."""
+    Path(in_the_way).mkdir() if in_the_way.endswith(".jsonl") else Path(in_the_way).write_text("mine\n")
+    argv = ["--speed-log", "speed.jsonl"] if in_the_way.endswith(".jsonl") else []
+    expected = "is a folder: it names a file" if in_the_way.endswith(".jsonl") else "a file named runs is in the way"
+    assert_one_line_error(run_bad_input(NAME, argv, capsys), in_the_way, expected)
+    assert Path(in_the_way).is_dir() or Path(in_the_way).read_text() == "mine\n"
+
+
+def test_a_speed_log_that_cannot_be_written_comes_after_the_record(capsys, monkeypatch):
+    """The record reaches stdout first; a --speed-log that fails as it is written (a full disk) is one error line."""
+
+    def full_disk(path, mode="r"):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(harness.speed, "open", full_disk, raising=False)  # the check at start passes, the write fails
+    with pytest.raises(SystemExit) as exit:
+        load_script(NAME).main(["--speed-log", "speed.jsonl", "--no-tensorboard", "--total-timesteps", "40"])
+    out, err = capsys.readouterr()
+    assert exit.value.code == 2 and json.loads(out.strip().splitlines()[-1])["total_timesteps"] == 40
+    assert err.strip().splitlines()[-1] == ("error: --speed-log speed.jsonl: the record was not appended: No space "
+                                            "left on device")  # fmt: skip
 
 
 def test_resume_names_the_flags_that_differ(saved, capsys):
@@ -426,3 +463,90 @@ def test_a_rank_stuck_after_a_signal_ends_with_one_line(ending):
         ]
     else:
         assert rank.returncode == 130 and stderr == ""
+
+
+def test_a_deferred_signal_is_pending_until_the_ranks_agree(capsys):
+    """Under torchrun a signal is only noted (stops.pending), never a stop of this rank alone: neither a message nor a
+    KeyboardInterrupt, however often it comes; one noted before the loop's start carries over."""
+    from harness import signals
+
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        stops = signals.StopSignals()
+        stops.in_loop, stops.signal = True, signal.SIGINT  # before the ranks joined
+        stops.defer()
+        assert (stops.pending, stops.signal) == (signal.SIGINT, None)
+        for _ in range(3):
+            signal.raise_signal(signal.SIGTERM)
+        assert (stops.pending, stops.signal) == (signal.SIGTERM, None) and capsys.readouterr().err == ""
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+
+
+@pytest.mark.parametrize("nan", [True, False])
+def test_a_distribution_refusing_nan_is_divergence_only_if_the_trained_tensors_hold_it(nan, capsys, monkeypatch):
+    """A baseline's distribution checks its parameters and raises ValueError on NaN: the run ends as diverged (one line,
+    exit code 1) when the state that checkpoints hold is no longer finite; any other ValueError is a bug, raised."""
+    script = load_script(NAME)
+
+    def train(args, run):
+        model = torch.nn.Linear(2, 1)
+        run.start({"model": model}, total_steps=8, warmup_steps=4, profile_steps=4, env_steps_per_call=4)
+        run.proceed(4)
+        with torch.no_grad():
+            model.weight.fill_(float("nan") if nan else 1.0)
+        torch.distributions.Normal(model(torch.ones(1, 2)), 1.0)  # validates its arguments: NaN raises
+        raise ValueError("a bug of the script's")
+
+    monkeypatch.setattr(script, "train", train)
+    if not nan:
+        with pytest.raises(ValueError, match="a bug of the script's"):
+            script.main(["--no-tensorboard"])
+        return
+    record, err = run_main_stderr(NAME, ["--no-tensorboard"], capsys)
+    assert record["diverged"] is True and record["interrupted"] is False and harness.exit_code(record) == 1
+    assert "error: the run diverged: NaN in the policy at env step 4" in err.splitlines()
+
+
+def test_phases_are_markers_that_last_until_the_next(capsys):
+    """run.phase(name) opens a profiler scope that the next phase() or unit of work closes: no scope is left open,
+    and outside the profiled window a phase costs nothing (no scope at all)."""
+    run_main(NAME, ["--profile-dir", "profile", "--no-tensorboard"], capsys)
+    trace = json.loads(Path("profile/least_squares.trace.json").read_text())
+    scopes = [e for e in trace["traceEvents"] if e.get("name") in ("env_step", "update") and e.get("ph") == "X"]
+    steps = {e["name"]: 0 for e in scopes}
+    for e in scopes:
+        steps[e["name"]] += 1
+    assert steps["env_step"] == steps["update"] == 4, steps  # profile_steps 16, 4 env steps per unit
+
+
+def test_a_temporary_left_by_a_killed_write_goes_with_the_next_save(capsys):
+    """kill -9 in the middle of a checkpoint write leaves `.<script>.<pid>.tmp`: the next run that saves into the
+    folder removes it; one of a process still running (writing now) stays."""
+    dead = subprocess.Popen([sys.executable, "-c", ""])
+    dead.wait()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        Path("run").mkdir()
+        stale, writing = (Path(f"run/.{NAME}.{proc.pid}.tmp") for proc in (dead, alive))
+        for path in (stale, writing):
+            path.write_bytes(b"half a checkpoint")
+        run_main(NAME, ["--total-timesteps", "40", "--save-dir", "run", "--no-tensorboard"], capsys)
+        assert not stale.exists() and writing.exists() and (Path("run") / f"{NAME}.pt").exists()
+    finally:
+        alive.kill()
+        alive.wait()
+
+
+@pytest.mark.parametrize("error", [MemoryError("Unable to allocate 32.7 TiB"), torch.OutOfMemoryError("CUDA out of"),
+                                   RuntimeError("DefaultCPUAllocator: can't allocate memory")])  # fmt: skip
+def test_out_of_memory_is_one_line(error, capsys, monkeypatch):
+    """A buffer too large for the machine (--buffer-size 1000000000000) is one line that names the sizes to lower."""
+    script = load_script(NAME)
+
+    def train(args, run):
+        raise error
+
+    monkeypatch.setattr(script, "train", train)
+    assert_one_line_error(run_bad_input(NAME, ["--no-tensorboard"], capsys), "out of memory", "--buffer-size")

@@ -79,7 +79,9 @@ def set_rng_states(states):
 
 
 def write_checkpoint(checkpoint, folder, script):
-    """Atomically: a temporary file, flushed to the disk, renamed over the last one; an OSError is the caller's."""
+    """Atomically: a temporary file, flushed to the disk, renamed over the last one; an OSError is the caller's. The
+    temporary files of runs killed while they wrote (kill -9: no cleanup of their own) go first."""
+    remove_stale_temporaries(folder, script)
     temporary = os.path.join(folder, f".{script}.{os.getpid()}.tmp")
     try:
         with open(temporary, "wb") as f:
@@ -93,3 +95,21 @@ def write_checkpoint(checkpoint, folder, script):
         if os.path.exists(temporary):
             os.unlink(temporary)
         raise
+
+
+def remove_stale_temporaries(folder, script):
+    """The `.<script>.<pid>.tmp` files of processes that no longer run."""
+    for name in os.listdir(folder):
+        pid = name.removeprefix(f".{script}.").removesuffix(".tmp")
+        if name == f".{script}.{pid}.tmp" and pid.isdigit() and int(pid) != os.getpid() and not running(int(pid)):
+            os.unlink(os.path.join(folder, name))
+
+
+def running(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True

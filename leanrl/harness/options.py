@@ -1,9 +1,11 @@
 """The run options every script shares, and the command line parsed into them: one-line errors for bad input."""
 
+import difflib
 import math
 import os
 import sys
 import tempfile
+import time
 from dataclasses import asdict, dataclass, fields
 
 import tyro
@@ -19,6 +21,8 @@ POSITIVE = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "upda
 FRACTIONS = ("gamma", "gae_lambda", "tau")
 # Flags a resumed run may change without --resume-anyway: they change how it runs, not what it computes.
 FREE_ON_RESUME = ("total_timesteps", "compile", "cudagraphs", "cuda", "capture_video")
+SEED_MAX = 2**31 - 1  # numpy's and gymnasium's seeds end at 2**32 - 1: room for the ranks' and envs' offsets
+NAME_MAX = 255  # bytes of a file or folder name (runs/<run name>, videos/<run name>)
 
 
 def flag(name):
@@ -76,7 +80,11 @@ def parse_args(Args, script_file, argv=None):
     script = os.path.basename(script_file).removesuffix(".py")
     argv = sys.argv[1:] if argv is None else argv
     Args = with_run_options(Args)
+    check_flag_names(Args, argv)
     args, checkpoint = tyro.cli(Args, args=argv), None
+    for name, value in asdict(args).items():
+        if value == "":  # else read as no value at all: no checkpoint, a fresh run, no log
+            fail(f"{flag(name)} '': an empty name (leave the flag out for its default)")
     if args.resume and args.eval_checkpoint:
         fail("--resume and --eval-checkpoint exclude each other")
     if args.resume or args.eval_checkpoint:
@@ -90,20 +98,45 @@ def parse_args(Args, script_file, argv=None):
         if args.resume:
             check_resumed(args, saved)
     args.exp_name = args.exp_name or script
-    if "/" in args.exp_name or os.sep in args.exp_name:
-        fail(f"--exp-name {args.exp_name}: a name, not a path (it names the run's folders)")
+    if "/" in args.exp_name or os.sep in args.exp_name or not args.exp_name.isprintable():
+        fail(f"--exp-name {args.exp_name!r}: a name of printable characters, not a path (it names the run's folders)")
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    if len(run_name.encode()) > NAME_MAX:
+        fail(f"--exp-name: the run's folder name {run_name[:40]}... would be {len(run_name.encode())} bytes, over "
+             f"the {NAME_MAX} a file system allows: pass a shorter --exp-name")  # fmt: skip
     for name, value in asdict(args).items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                fail(f"{flag(name)} {value} must be a finite number")
             if name in FRACTIONS and not 0 < value <= 1:
                 fail(f"{flag(name)} {value} must be in (0, 1]")
-            if not (math.isfinite(value) and value >= 0 and (value > 0 or name not in POSITIVE)):
+            if not (value >= 0 and (value > 0 or name not in POSITIVE)):
                 fail(f"{flag(name)} {value} must be {'positive' if name in POSITIVE else '0 or more'}")
+    if args.seed > SEED_MAX:
+        fail(f"--seed {args.seed} must be at most {SEED_MAX} (the envs and generators seed from it, plus an offset)")
     if args.save_every and not args.save_dir:
         fail(f"--save-every {args.save_every} needs --save-dir")
     if args.track and not args.tensorboard:
         fail("--track mirrors the TensorBoard scalars to wandb: drop --no-tensorboard")
     setup_distributed(args)
     return args, checkpoint
+
+
+def check_flag_names(Args, argv):
+    """A flag the script does not have: one line naming it and the script's flags of a similar name or meaning
+    (SAC's --learning-rate: --q-lr and --policy-lr), where tyro would suggest by spelling alone."""
+    names = [f.name.replace("_", "-") for f in fields(Args)]
+    known = {"--help", *(f"--{n}" for n in names)}
+    known |= {f"--no-{n}" for n, f in zip(names, fields(Args)) if f.type is bool}
+    for token in argv:
+        given = token.split("=")[0]
+        if not given.startswith("--") or given.replace("_", "-") in known:
+            continue
+        words = set(given[2:].replace("_", "-").replace("learning-rate", "lr").split("-")) - {"num", "max", "min"}
+        alike = [n for n in names if words & set(n.replace("learning-rate", "lr").split("-"))]
+        alike += [n for n in difflib.get_close_matches(given[2:], names, n=3, cutoff=0.6) if n not in alike]
+        hint = f"; did you mean {', '.join('--' + n for n in alike)}?" if alike else ""
+        fail(f"{given}: not a flag of this script{hint} (--help lists them all)")
 
 
 def check_resumed(args, saved):
@@ -126,9 +159,14 @@ def check_outputs(args, script):
     speed_log_folder = args.speed_log and os.path.dirname(os.path.abspath(args.speed_log))
     folders = {"--save-dir": args.save_dir, "--profile-dir": args.profile_dir, "--speed-log": speed_log_folder,
                "runs": args.tensorboard and "runs", "videos": getattr(args, "capture_video", False) and "videos"}
+    if args.speed_log and os.path.isdir(args.speed_log):
+        fail(f"--speed-log {args.speed_log} is a folder: it names a file, which the record is appended to")
     for option, folder in folders.items():
         if folder and option in ("--save-dir", "--profile-dir") and os.path.isfile(folder):
             fail(f"{option} {folder} is a file: it names a folder")
+        if folder and option in ("runs", "videos") and os.path.isfile(folder):
+            what = "TensorBoard's scalars (or pass --no-tensorboard)" if option == "runs" else "the videos"
+            fail(f"a file named {folder} is in the way of the folder {folder}/ for {what}: move it")
         try:
             if folder:
                 os.makedirs(folder, exist_ok=True)

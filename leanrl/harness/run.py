@@ -204,6 +204,12 @@ class Run:
             yield
         except KeyboardInterrupt:
             self.interrupted = self.abrupt = True
+        except (MemoryError, torch.OutOfMemoryError, RuntimeError) as e:  # a buffer or batch too large for this machine
+            # torch's CPU allocator raises a plain RuntimeError, which only its text tells apart
+            if type(e) is RuntimeError and "DefaultCPUAllocator" not in str(e):
+                raise
+            fail(f"out of memory: {str(e).splitlines()[0]}; a smaller --buffer-size, --num-envs or --batch-size needs "
+                 "less")  # fmt: skip
         except ValueError:
             if self.state is None or all_finite(self.state):
                 raise

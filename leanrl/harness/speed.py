@@ -32,11 +32,15 @@ class SpeedWindow:
 
 
 def print_record(record, speed_log):
-    """Appended whole to --speed-log; the last stdout line: whole, or on a terminal its headline."""
+    """The last stdout line: whole, or on a terminal its headline; then appended whole to --speed-log (a log that
+    cannot be written is one error line after the record, exit code 2)."""
     line = json.dumps(record)
+    shown = json.dumps({key: record[key] for key in HEADLINE}) if sys.stdout.isatty() else line
+    print(shown, flush=True)
     if speed_log:
-        with open(speed_log, "a") as f:  # one write of a whole line: concurrent runs never interleave
-            f.write(line + "\n")
-    if sys.stdout.isatty():
-        line = json.dumps({key: record[key] for key in HEADLINE})
-    print(line, flush=True)
+        try:
+            with open(speed_log, "a") as f:  # one write of a whole line: concurrent runs never interleave
+                f.write(line + "\n")
+        except OSError as e:
+            print(f"error: --speed-log {speed_log}: the record was not appended: {e.strerror or e}", file=sys.stderr)
+            sys.exit(2)
