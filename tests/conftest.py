@@ -2,8 +2,10 @@
 explicitly; pytest's default (prepend) import mode puts tests/ on sys.path for them."""
 
 import logging
+import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,49 @@ import torch
 
 # The scripts import the harness and the GPU env modules from leanrl/, as they do when run as leanrl/<script>.py.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "leanrl"))
+STOPS = (signal.SIGINT, signal.SIGTERM)
+RECEIVED = []  # the read end of a pipe each signal this process receives writes its number into
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "signals: the test sends SIGINT or SIGTERM to this process on purpose")
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    os.set_blocking(write, False)
+    signal.set_wakeup_fd(write, warn_on_full_buffer=False)  # written whatever handler a script has put in
+    RECEIVED.append(read)
+
+
+def signals_received():
+    try:
+        return set(os.read(RECEIVED[0], 1024))
+    except BlockingIOError:
+        return set()
+
+
+@pytest.fixture(autouse=True)
+def leaves_nothing_behind(request):
+    """Ctrl-C or `timeout` ends the suite even when a script run in this process caught the signal (its run stops, and
+    the suite with it, after the test); and no test leaves a signal handler, an env variable or a thread behind."""
+    handlers = {signum: signal.getsignal(signum) for signum in STOPS}
+    environ, threads = dict(os.environ), {t for t in threading.enumerate() if not t.daemon}
+    signals_received()
+    yield
+    received = signals_received() & set(STOPS)
+    if received and not request.node.get_closest_marker("signals"):
+        pytest.exit(f"stopped by {signal.Signals(max(received)).name}", returncode=130)
+    left = {signal.Signals(s).name: h for s, h in handlers.items() if signal.getsignal(s) != h}
+    changed = {k for k in set(os.environ) | set(environ) if os.environ.get(k) != environ.get(k)}
+    for signum, handler in handlers.items():
+        signal.signal(signum, handler)
+    os.environ.clear()
+    os.environ.update(environ)
+    assert not left, f"the test left signal handlers behind: {left}"
+    assert not changed, f"the test left env variables changed: {sorted(changed)}"
+    # A thread pool a library keeps for the process (Inductor's compile workers) is not the test's to end.
+    new_threads = [t.name for t in threading.enumerate() if not t.daemon and t not in threads and t.is_alive()
+                   and not t.name.startswith("ThreadPoolExecutor")]  # fmt: skip
+    assert not new_threads, f"the test left threads running: {new_threads}"
 
 
 @pytest.fixture
@@ -25,16 +70,19 @@ def eager_random():
 def workdir(tmp_path, monkeypatch):
     """For tests that run a script's main() in this process: the working directory is tmp_path, so that the
     TensorBoard folder (runs/ in the working directory) lands there, and what main() sets for the whole process
-    (torch's thread count, cuDNN's modes, the levels of the loggers it quiets, the SIGINT and SIGTERM handlers) is
-    put back afterwards."""
+    (torch's thread count, cuDNN's modes, the levels of the loggers it quiets, the SIGINT and SIGTERM handlers, env
+    variables) is put back afterwards."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", torch.backends.cudnn.benchmark)
     monkeypatch.setattr(torch.backends.cudnn, "deterministic", torch.backends.cudnn.deterministic)
     threads = torch.get_num_threads()
     loggers = [logging.getLogger(name) for name in ("torch._dynamo.variables.ctx_manager", "tensordict")]
     levels = [logger.level for logger in loggers]
-    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    handlers = {signum: signal.getsignal(signum) for signum in STOPS}
+    environ = dict(os.environ)  # a run without a display sets MUJOCO_GL for its videos
     yield tmp_path
+    os.environ.clear()
+    os.environ.update(environ)
     torch.set_num_threads(threads)
     for logger, level in zip(loggers, levels):
         logger.setLevel(level)

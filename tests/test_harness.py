@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import os
 import re
 import shutil
 import signal
@@ -370,15 +371,20 @@ def test_progress_bar_on_a_terminal(monkeypatch):
 def test_timeout_signals_twice_and_it_is_one_stop(workdir):
     """`timeout -s INT` signals its command, then the command's process group: the same stop, twice at once. Started
     in the background of a shell, as GPU runs often are: a checkpoint, the record, exit 130, no traceback."""
-    command = (f"timeout -s INT 10 {sys.executable} {script_path(NAME)} --step-seconds 0.01 --total-timesteps "
-               "100000 --save-dir run --no-tensorboard > out.txt 2> err.txt & wait $!")  # fmt: skip
-    assert subprocess.run(["bash", "-c", command], cwd=workdir, timeout=120).returncode == 124  # timeout's "timed out"
+    command = (f"timeout -s INT 1000 {sys.executable} {script_path(NAME)} --step-seconds 0.01 --total-timesteps "
+               "100000 --save-dir run --save-every 40 --no-tensorboard > out.txt 2> err.txt & echo $! > timeout.pid; "
+               "wait $!")  # fmt: skip
+    shell = subprocess.Popen(["bash", "-c", command], cwd=workdir)
+    wait_for(workdir / "run" / f"{NAME}.pt", shell)  # its loop runs: however loaded the machine, it times out now
+    os.kill(int((workdir / "timeout.pid").read_text()), signal.SIGALRM)  # timeout's own alarm
+    assert shell.wait(timeout=600) == 124  # timeout's "timed out"
     out, err = (workdir / "out.txt").read_text(), (workdir / "err.txt").read_text()
     record = json.loads(out.strip().splitlines()[-1])
     assert record["interrupted"] is True and "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert checkpoint_of(workdir / "run")["global_step"] == record["total_timesteps"] > 0
 
 
+@pytest.mark.signals
 def test_a_handler_put_in_by_a_library_is_replaced(workdir):
     """A library that puts its own SIGTERM handler in mid-run (Triton's LLVM does, as it compiles; here the default
     action, which ends the process at once) is undone as the next unit begins: SIGTERM still gives the record."""
@@ -465,6 +471,7 @@ def test_a_rank_stuck_after_a_signal_ends_with_one_line(ending):
         assert rank.returncode == 130 and stderr == ""
 
 
+@pytest.mark.signals
 def test_a_deferred_signal_is_pending_until_the_ranks_agree(capsys):
     """Under torchrun a signal is only noted (stops.pending), never a stop of this rank alone: neither a message nor a
     KeyboardInterrupt, however often it comes; one noted before the loop's start carries over."""
