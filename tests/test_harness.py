@@ -362,8 +362,9 @@ def test_progress_bar_on_a_terminal(monkeypatch):
     progress.show(500, 2.0, 400.0, True)
     progress.bar.refresh()
     assert "fps 400, return 5.0, eta 0.0 min]" in sys.stderr.getvalue().split("\r")[-1]
-    harness.signals.StopSignals.on_signal(type("Stops", (), {"signal": None, "in_loop": True, "unit_seconds": 0})(),
-                                          signal.SIGINT, None)  # fmt: skip
+    stops = harness.signals.StopSignals.__new__(harness.signals.StopSignals)  # no handlers put in
+    stops.signal, stops.in_loop, stops.unit_seconds, stops.units = None, True, 0, 0
+    stops.on_signal(signal.SIGINT, None)
     assert "\rstopping at the end of this step (again: at once)\n" in sys.stderr.getvalue()
     progress.close(500, 3.0)
 
@@ -416,7 +417,7 @@ def test_one_stop_delivered_twice_is_one_stop(monkeypatch, capsys):
     from harness import signals
 
     stops = signals.StopSignals.__new__(signals.StopSignals)
-    stops.signal, stops.in_loop, stops.unit_seconds = None, True, 53.2  # the last unit of work took 53.2 s
+    stops.signal, stops.in_loop, stops.unit_seconds, stops.units = None, True, 53.2, 7  # the last unit took 53.2 s
     clock = iter([100.0, 102.0, 103.5])
     monkeypatch.setattr(signals.time, "monotonic", lambda: next(clock))
     stops.on_signal(signal.SIGINT, None)
@@ -557,3 +558,18 @@ def test_out_of_memory_is_one_line(error, capsys, monkeypatch):
 
     monkeypatch.setattr(script, "train", train)
     assert_one_line_error(run_bad_input(NAME, ["--no-tensorboard"], capsys), "out of memory", "--buffer-size")
+
+
+def test_a_stop_during_a_long_unit_cuts_it_short(workdir):
+    """Ctrl-C in a unit of work that lasts (a compilation; here a step of 600 s) stops the run AT_ONCE_SECONDS
+    later, in the middle of the unit: the record (interrupted, no step done), exit 130, no traceback, and no
+    checkpoint of a step cut in half."""
+    proc = start("--step-seconds", "600", "--save-dir", "run", "--no-tensorboard", cwd=workdir)
+    while "running the env step" not in proc.stderr.readline():  # the warm-up's line: the loop is in its step
+        assert proc.poll() is None
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=600)  # a hang guard, not a measure: 600 s is the unit's own length
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert "stopping in the middle of it" in err and "the checkpoint in run is the last one saved: none" in err
+    assert json.loads(out.strip().splitlines()[-1])["total_timesteps"] == 0
+    assert not (workdir / "run" / f"{NAME}.pt").exists()

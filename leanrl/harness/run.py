@@ -9,6 +9,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 import warnings
 from contextlib import contextmanager
@@ -19,6 +20,7 @@ import gymnasium
 import numpy as np
 import torch
 import torch.distributed as dist
+import tqdm
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from .checkpoints import (
@@ -31,7 +33,7 @@ from .checkpoints import (
     write_checkpoint,
 )
 from .options import check_outputs
-from .progress import Progress, ScalarLog, fail
+from .progress import CONSOLE_SECONDS, Progress, ScalarLog, fail
 from .signals import StopSignals
 from .speed import SpeedWindow, print_record
 from .torchrun import agree, check_ranks_agree, fail_on_every_rank, join_ranks, world
@@ -65,7 +67,8 @@ class Run:
         quiet_mujoco(args.env_id)
         self.video_folder = os.path.join("videos", self.run_name) if getattr(args, "capture_video", False) else None
         self.steps, self.window, self.profiler, self.progress, self.scalars = 0, None, None, None, None
-        self.state, self.replicated, self.open_phase = None, None, None
+        self.state, self.replicated, self.open_phase, self.phase_name = None, None, None, "start"
+        self.finished, self.saved_step = threading.Event(), None
         # interrupted: by a signal; abrupt: at once, not where the loop's next unit begins
         self.interrupted, self.abrupt, self.diverged = False, False, None
         self.stops = StopSignals()
@@ -110,7 +113,9 @@ class Run:
             self.replicated = replicated
             join_ranks(replicated, self.args.seed, first_step)
             self.stops.defer()
-        self.stops.in_loop, self.t_unit = True, time.perf_counter()
+        self.stops.loop_begins()
+        self.t_unit = time.perf_counter()
+        threading.Thread(target=self.say_warmup, daemon=True).start()
         return first_step
 
     def save_due(self, step):
@@ -121,12 +126,12 @@ class Run:
         when the run stops here instead (Ctrl-C, SIGTERM, a loss gone NaN), its checkpoint saved. Under torchrun
         the ranks agree on it (one all-reduce): every rank stops at the same step."""
         now = time.perf_counter()
-        self.steps, self.stops.unit_seconds, self.t_unit = step, now - self.t_unit, now
+        self.stops.unit_begins(now - self.t_unit)
+        self.steps, self.t_unit = step, now
         self.end_phase()
-        self.stops.catch()
         if self.replicated is not None:
             asked = self.stops.pending or (signal.SIGTERM if self.diverged else 0)
-            self.stops.signal = int(agree(asked, dist.ReduceOp.MAX, self.device)) or None
+            self.stops.agreed(int(agree(asked, dist.ReduceOp.MAX, self.device)))
             if self.stops.signal and dist.get_rank():
                 sys.stderr = open(os.devnull, "w")  # rank 0 tells where the run stopped
         stop = self.stops.signal or self.diverged
@@ -147,6 +152,7 @@ class Run:
     def phase(self, name):
         """The time from here to the next phase() or unit of work is spent on `name` (policy, env_step, data,
         update, other: --profile-dir's layers)."""
+        self.phase_name = name
         if self.profiler is not None:
             self.end_phase()
             self.open_phase = record_function(name)
@@ -156,6 +162,18 @@ class Run:
         if self.open_phase is not None:
             self.open_phase.__exit__(None, None, None)
             self.open_phase = None
+
+    def say_warmup(self):
+        """While warm-up runs, a line every CONSOLE_SECONDS that a unit of work lasts (a compilation, a capture):
+        the run is alive, and what it is doing."""
+        args, t_said = self.args, 0.0
+        doing = "compiling" if getattr(args, "compile", False) else "capturing" if getattr(args, "cudagraphs", False) else "running"
+        while not self.finished.wait(1.0) and self.window.t_open is None:
+            now = time.perf_counter()
+            if min(now - self.t_unit, now - t_said) >= CONSOLE_SECONDS:
+                t_said, what = now, self.phase_name.replace("_", " ")
+                tqdm.tqdm.write(f"{self.script}: {doing} the {what}, {now - self.t_unit:.0f} s (warm-up, env step "
+                                f"{self.steps})", file=sys.stderr)  # fmt: skip
 
     def save_profile(self):
         self.end_phase()
@@ -194,6 +212,7 @@ class Run:
         except OSError as e:  # a full disk
             fail(f"--save-dir {args.save_dir}: the checkpoint of step {step} was not written: {e.strerror or e}")
         self.next_save, self.window.paused = self.save_due(step), self.window.paused + time.perf_counter() - t_save
+        self.saved_step = step
 
     @contextmanager
     def stoppable(self):
@@ -233,6 +252,7 @@ class Run:
         """After the loop: the last checkpoint of a run that went to its end, under torchrun the ranks' check; the
         speed record: the last stdout line, appended to --speed-log. Without a window: the whole loop's."""
         self.stops.ignore()
+        self.finished.set()
         completed = self.window is not None and not (self.interrupted or self.diverged)
         if completed and self.args.save_dir:
             self.save(self.steps)
@@ -249,6 +269,9 @@ class Run:
             self.scalars.close()
         if self.interrupted:
             print(f"interrupted after {self.steps} env steps", file=sys.stderr, flush=True)
+        if self.abrupt and self.args.save_dir:  # a step cut short is in no checkpoint
+            saved = f"env step {self.saved_step}'s" if self.saved_step is not None else "none"
+            print(f"the checkpoint in {self.args.save_dir} is the last one saved: {saved}", file=sys.stderr, flush=True)
         if self.diverged:
             print(f"error: {self.diverged}", file=sys.stderr, flush=True)
         record = self.record(window, t_end)
