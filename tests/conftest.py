@@ -14,6 +14,8 @@ import torch
 # The scripts import the harness and the GPU env modules from leanrl/, as they do when run as leanrl/<script>.py.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "leanrl"))
 STOPS = (signal.SIGINT, signal.SIGTERM)
+# pytest's own, and the cache folder Inductor names for the process at its first compilation.
+OWN_VARIABLES = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"}
 RECEIVED = []  # the read end of a pipe each signal this process receives writes its number into
 
 
@@ -45,11 +47,14 @@ def leaves_nothing_behind(request):
     if received and not request.node.get_closest_marker("signals"):
         pytest.exit(f"stopped by {signal.Signals(max(received)).name}", returncode=130)
     left = {signal.Signals(s).name: h for s, h in handlers.items() if signal.getsignal(s) != h}
-    changed = {k for k in set(os.environ) | set(environ) if os.environ.get(k) != environ.get(k)}
+    changed = {k for k in set(os.environ) | set(environ) if os.environ.get(k) != environ.get(k)} - OWN_VARIABLES
     for signum, handler in handlers.items():
         signal.signal(signum, handler)
-    os.environ.clear()
-    os.environ.update(environ)
+    for name in changed:
+        if name in environ:
+            os.environ[name] = environ[name]
+        else:
+            del os.environ[name]
     assert not left, f"the test left signal handlers behind: {left}"
     assert not changed, f"the test left env variables changed: {sorted(changed)}"
     # A thread pool a library keeps for the process (Inductor's compile workers) is not the test's to end.
