@@ -2,7 +2,6 @@
 # Docs: docs/ppo_atari.md, docs/multigpu.md
 import random
 import sys
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,24 +12,11 @@ import torch.optim as optim
 from torch.distributions.categorical import Categorical
 
 from envpool_atari import EpisodeReturns, make_envs
-from harness import (
-    Run,
-    RunOptions,
-    agree,
-    agree_to_stop,
-    average_gradients,
-    check_ranks_agree,
-    exit_code,
-    fail,
-    join_ranks,
-    parse_args,
-    setup_distributed,
-    world,
-)
+from harness import Run, agree, average, exit_code, fail, flat_gradients, parse_args, world
 
 
 @dataclass
-class Args(RunOptions):
+class Args:  # the algorithm's flags; parse_args adds the run options every script shares (docs/contract.md)
     env_id: str = "Breakout-v5"
     """the id of the envpool Atari game"""
     total_timesteps: int = 10000000
@@ -127,6 +113,9 @@ class Agent:
     def __init__(self, args, n_act, device):
         self.network = ActorCritic(n_act, device=device)
         self.optimizer = optim.Adam(self.network.parameters(), lr=args.learning_rate, eps=1e-5)
+        self.grads = None
+        if dist.is_initialized():  # the gradients as views into one flat buffer, averaged in place
+            self.grads = flat_gradients(self.network.parameters())
 
 
 def make_update_fns(agent, args):
@@ -170,10 +159,10 @@ def make_update_fns(agent, args):
             v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
         entropy_loss = entropy.mean()
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-        agent.optimizer.zero_grad()
+        agent.optimizer.zero_grad(set_to_none=agent.grads is None)  # the flat buffer's views stay
         loss.backward()
         if dist.is_initialized():
-            average_gradients(agent.network.parameters())
+            average(agent.grads)
         nn.utils.clip_grad_norm_(agent.network.parameters(), args.max_grad_norm)
         agent.optimizer.step()
         outputs = (pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac)
@@ -219,41 +208,39 @@ def train(args, run):
     # One env_step call on rank 0 stands for the same call on every rank, as global_step counts them all.
     global_step = run.start(state, total_steps=num_iterations * steps_per_iteration, profile_steps=steps_per_iteration,
                             warmup_steps=WARMUP_ITERATIONS * steps_per_iteration,
-                            env_steps_per_call=args.num_envs * world_size)
-    if world_size > 1:
-        join_ranks(run, agent.network, args, global_step)
-    first_step, t_loop = global_step, time.perf_counter()
+                            env_steps_per_call=args.num_envs * world_size, replicated=agent.network)
     for iteration in range(global_step // steps_per_iteration + 1, num_iterations + 1):
-        run.unit(global_step)
+        if not run.proceed(global_step):  # Ctrl-C, SIGTERM or a loss gone NaN: saved, the loop ends here
+            break
         if args.anneal_lr:
             agent.optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate
         for step in range(args.num_steps):
             global_step += args.num_envs * world_size
-            with phase("data"):
-                rollout.obs[step] = next_obs
-                rollout.dones[step] = next_done
-            with phase("policy"):
-                with torch.no_grad():
-                    action, logprob, _, value = agent.network.get_action_and_value(next_obs)
-                action_np = action.cpu().numpy()
-            with phase("data"):
-                rollout.values[step] = value.flatten()
-                rollout.actions[step] = action
-                rollout.logprobs[step] = logprob
-            with phase("env_step"):
-                next_obs, reward, terminations, truncations, info = envs.step(action_np)
-            with phase("data"):
-                rollout.rewards[step] = torch.tensor(reward).to(device).view(-1)
-                next_obs = torch.Tensor(next_obs).to(device)
-                next_done = torch.Tensor(terminations | truncations).to(device)
-            with phase("other"):
-                if rank == 0:  # rank 0 alone shows progress and counts returns, of its own envs, as CleanRL does
-                    for episodic_return, length in episodes.add(info, truncations):
-                        run.episode(global_step, episodic_return, length)
-                    run.tick(global_step)
+            phase("data")
+            rollout.obs[step] = next_obs
+            rollout.dones[step] = next_done
+            phase("policy")
+            with torch.no_grad():
+                action, logprob, _, value = agent.network.get_action_and_value(next_obs)
+            action_np = action.cpu().numpy()
+            phase("data")
+            rollout.values[step] = value.flatten()
+            rollout.actions[step] = action
+            rollout.logprobs[step] = logprob
+            phase("env_step")
+            next_obs, reward, terminations, truncations, info = envs.step(action_np)
+            phase("data")
+            rollout.rewards[step] = torch.tensor(reward).to(device).view(-1)
+            next_obs = torch.Tensor(next_obs).to(device)
+            next_done = torch.Tensor(terminations | truncations).to(device)
+            phase("other")
+            if rank == 0:  # rank 0 alone shows progress and counts returns, of its own envs, as CleanRL does
+                for episodic_return, length in episodes.add(info, truncations):
+                    run.episode(global_step, episodic_return, length)
+                run.tick(global_step)
 
-        with phase("update"):
-            advantages, returns = gae(next_obs, next_done, rollout.rewards, rollout.values, rollout.dones)
+        phase("update")
+        advantages, returns = gae(next_obs, next_done, rollout.rewards, rollout.values, rollout.dones)
         # the batch, flattened, in the order update takes it
         batch = (rollout.obs, rollout.actions.long(), rollout.logprobs, advantages, returns, rollout.values)
         batch = [tensor.flatten(0, 1) for tensor in batch]
@@ -261,29 +248,24 @@ def train(args, run):
         for epoch in range(args.update_epochs):
             np.random.shuffle(b_inds)
             for mb_inds in np.split(b_inds, args.num_minibatches):
-                with phase("data"):
-                    minibatch = [tensor[mb_inds] for tensor in batch]
-                with phase("update"):
-                    stats = update(*minibatch)
+                phase("data")
+                minibatch = [tensor[mb_inds] for tensor in batch]
+                phase("update")
+                stats = update(*minibatch)
             approx_kl = stats["approx_kl"]
             if args.target_kl is not None and world_size > 1:  # by the ranks' mean KL, all stop at the same epoch
                 approx_kl = agree(approx_kl, dist.ReduceOp.SUM, device) / world_size
             if args.target_kl is not None and approx_kl > args.target_kl:
                 break
 
-        with phase("other"):
-            # On the device, so that it is read back with the statistics, in one sync.
-            var_y = returns.var(correction=0)
-            explained_var = torch.where(var_y == 0, torch.nan, 1 - (returns - rollout.values).var(correction=0) / var_y)
-            learning_rate = agent.optimizer.param_groups[0]["lr"]
-            scalars = {"losses/explained_variance": explained_var, "charts/learning_rate": learning_rate}
-            run.log(global_step, scalars | {f"losses/{name}": value for name, value in stats.items()})
-            if world_size > 1:
-                agree_to_stop(run, device)
+        phase("other")
+        # On the device, so that it is read back with the statistics, in one sync.
+        var_y = returns.var(correction=0)
+        explained_var = torch.where(var_y == 0, torch.nan, 1 - (returns - rollout.values).var(correction=0) / var_y)
+        learning_rate = agent.optimizer.param_groups[0]["lr"]
+        scalars = {"losses/explained_variance": explained_var, "charts/learning_rate": learning_rate}
+        run.log(global_step, scalars | {f"losses/{name}": value for name, value in stats.items()})
     envs.close()
-    if dist.is_initialized():  # one rank under torchrun too: it leaves the process group
-        rank_fps = (global_step - first_step) / world_size / (time.perf_counter() - t_loop)
-        check_ranks_agree(agent.network, global_step, rank_fps)
 
 
 def evaluate(args, run, saved):
@@ -305,7 +287,6 @@ def evaluate(args, run, saved):
 def main(argv=None):
     """Train, or with --eval-checkpoint evaluate, as the arguments say; returns the record printed last."""
     args, checkpoint = parse_args(Args, __file__, argv)
-    setup_distributed(args)  # torchrun: join the process group before the checks that need the world
     check_args(args)
     run = Run(args, __file__, checkpoint)
     if args.eval_checkpoint:

@@ -2,7 +2,6 @@
 # data-parallel under torchrun. Docs: docs/ppo_atari.md, docs/multigpu.md
 import random
 import sys
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,25 +13,11 @@ from tensordict.nn import CudaGraphModule
 from torch.distributions.categorical import Categorical
 
 from envpool_atari import EpisodeReturns, make_envs
-from harness import (
-    Run,
-    RunOptions,
-    agree,
-    agree_to_stop,
-    average,
-    check_ranks_agree,
-    exit_code,
-    fail,
-    flat_gradients,
-    join_ranks,
-    parse_args,
-    setup_distributed,
-    world,
-)
+from harness import Run, agree, average, exit_code, fail, flat_gradients, parse_args, world
 
 
 @dataclass
-class Args(RunOptions):
+class Args:  # the algorithm's flags; parse_args adds the run options every script shares (docs/contract.md)
     env_id: str = "Breakout-v5"
     """the id of the envpool Atari game"""
     total_timesteps: int = 10000000
@@ -67,9 +52,9 @@ class Args(RunOptions):
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
     """stop an iteration's epochs early once the approximate KL divergence exceeds this threshold"""
-    compile: bool = False
+    compile: bool = False  # trick 2: torch.compile
     """compile the policy, GAE and update functions with torch.compile"""
-    cudagraphs: bool = False
+    cudagraphs: bool = False  # trick 1: CUDA graphs
     """capture the policy, GAE and update functions as CUDA graphs (tensordict's CudaGraphModule)"""
 
 
@@ -108,14 +93,15 @@ class ActorCritic(nn.Module):
     def get_action_and_value(self, x, action=None):
         hidden = self.network(x / 255.0)
         logits = self.actor(hidden)
-        # No argument validation: its checks read values back to the host, which a CUDA graph cannot capture.
+        # trick 1: CUDA graphs, no argument validation: its checks read values back to the host, which a graph
+        # cannot capture.
         probs = Categorical(logits=logits, validate_args=False)
         if action is None:
             action = probs.sample()
         return action, probs.log_prob(action), probs.entropy(), self.critic(hidden)
 
 
-class Rollout:
+class Rollout:  # trick 6: on-device storage, uint8 frames and pinned staging buffers
     """One iteration's transitions, num_steps x num_envs of each, on the device; frames stay uint8. The host stages
     what the envs return in pinned memory: frames go to the device each step, rewards and dones once an iteration."""
 
@@ -148,10 +134,10 @@ class Agent:
 
     def __init__(self, args, n_act, device):
         self.network = ActorCritic(n_act, device=device)
-        # The learning rate is a device tensor, annealed in place: captured updates read its current value, compiled
-        # code does not recompile for each. capturable: Adam's step count on the device, advanced by replays.
+        # trick 7: no host sync, the learning rate a device tensor, annealed in place: captured updates read its
+        # current value, compiled code does not recompile for each.
         lr = torch.tensor(args.learning_rate, device=device)
-        capturable = torch.device(device).type == "cuda"
+        capturable = torch.device(device).type == "cuda"  # trick 1: CUDA graphs, Adam's step count on the device
         self.optimizer = optim.Adam(self.network.parameters(), lr=lr, eps=1e-5, capturable=capturable)
         self.grads = None
         if dist.is_initialized():  # the gradients as views into one flat buffer, averaged in place
@@ -161,6 +147,7 @@ class Agent:
 def make_update_fns(agent, args):
     """The two steps of a PPO iteration's learning, advantages (GAE) and the update on one minibatch, and the policy
     that acts; compiled and captured with --compile and --cudagraphs. The update writes its STATS into `stats`."""
+    # trick 10: nothing to copy in or out, the statistics written into fixed tensors
     stats = {name: torch.zeros((), device=agent.optimizer.param_groups[0]["lr"].device) for name in STATS}
 
     def gae(next_obs, next_done, rewards, values, dones):
@@ -169,9 +156,9 @@ def make_update_fns(agent, args):
             nextnonterminal = 1.0 - torch.cat([dones[1:], next_done[None]])
             nextvalues = torch.cat([values[1:], next_value])
             delta = rewards + args.gamma * nextvalues * nextnonterminal - values
-            # advantages[t] = delta[t] + c[t] * advantages[t + 1], in closed form: the sum over k >= t of
-            # c[t] * ... * c[k - 1] * delta[k], the products from one cumprod over a num_steps x num_steps matrix
-            # (a few kernels, where the loop would compile to num_steps unrolled steps).
+            # trick 17: GAE without a Python loop: advantages[t] = delta[t] + c[t] * advantages[t + 1], in closed
+            # form: the sum over k >= t of c[t] * ... * c[k - 1] * delta[k], the products from one cumprod over a
+            # num_steps x num_steps matrix (a few kernels, where the loop would compile to num_steps unrolled steps).
             c = args.gamma * args.gae_lambda * nextnonterminal
             upper = torch.ones(args.num_steps, args.num_steps, dtype=torch.bool, device=c.device).triu()[..., None]
             products = torch.cumprod(torch.where(upper, c, 1.0), dim=1)  # [t, k]: c[t] * ... * c[k] for k >= t
@@ -206,7 +193,7 @@ def make_update_fns(agent, args):
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
         agent.optimizer.zero_grad(set_to_none=agent.grads is None)  # the flat buffer's views stay
         loss.backward()
-        if dist.is_initialized():  # in the update's graph: NCCL's all-reduce is captured with the rest
+        if dist.is_initialized():  # trick 19: one all-reduce of a flat buffer, in the update's captured graph
             average(agent.grads)
         nn.utils.clip_grad_norm_(agent.network.parameters(), args.max_grad_norm)
         agent.optimizer.step()
@@ -215,14 +202,14 @@ def make_update_fns(agent, args):
             stats[name].copy_(value.detach())
 
     def policy(obs):
-        with torch.no_grad():
+        with torch.no_grad():  # trick 3: act without autograd
             action, logprob, _, value = agent.network.get_action_and_value(obs)
         return action, logprob, value.flatten()
 
     functions = (gae, update, policy)
-    if args.compile:
+    if args.compile:  # trick 2: torch.compile
         functions = map(torch.compile, functions)
-    if args.cudagraphs:
+    if args.cudagraphs:  # trick 1: CUDA graphs
         functions = (CudaGraphModule(f, warmup=3 if args.compile else 2) for f in functions)
     gae, update, policy = functions
     return gae, update, policy, stats
@@ -252,14 +239,15 @@ def train(args, run):
     np.random.seed(args.seed + rank)
     torch.manual_seed(args.seed + rank)
     device, phase = run.device, run.phase
-    torch.backends.cudnn.benchmark = device.type == "cuda"  # fixed shapes: cuDNN picks the fastest algorithms once
+    # trick 18: cuDNN autotuning, the shapes are fixed: cuDNN picks the fastest algorithms once
+    torch.backends.cudnn.benchmark = device.type == "cuda"
 
     envs = make_envs(args.env_id, args.num_envs, args.seed + rank)
     agent = Agent(args, envs.single_action_space.n, device)
     gae, update, policy, stats = make_update_fns(agent, args)
     rollout = Rollout(args.num_steps, args.num_envs, envs.single_observation_space.shape, device)
     episodes = EpisodeReturns(args.num_envs)
-    # The host writes the pinned staging buffers through numpy views of them.
+    # trick 6: on-device storage, staged by the host in pinned buffers, written through numpy views of them
     next_obs_host, rewards_host = rollout.next_obs_host.numpy(), rollout.rewards_host.numpy()
     dones_host = rollout.dones_host.numpy()
     next_obs_host[:] = envs.reset()[0]
@@ -269,78 +257,70 @@ def train(args, run):
     # One env_step call on rank 0 stands for the same call on every rank, as global_step counts them all.
     global_step = run.start(state, total_steps=num_iterations * steps_per_iteration, profile_steps=steps_per_iteration,
                             warmup_steps=WARMUP_ITERATIONS * steps_per_iteration,
-                            env_steps_per_call=args.num_envs * world_size)
-    if world_size > 1:
-        join_ranks(run, agent.network, args, global_step)
-    first_step, t_loop = global_step, time.perf_counter()
+                            env_steps_per_call=args.num_envs * world_size, replicated=agent.network)
     for iteration in range(global_step // steps_per_iteration + 1, num_iterations + 1):
-        run.unit(global_step)
+        if not run.proceed(global_step):  # Ctrl-C, SIGTERM or a loss gone NaN: saved, the loop ends here
+            break
         if args.anneal_lr:
+            # trick 7: no host sync, the device tensor filled in place
             agent.optimizer.param_groups[0]["lr"].fill_((1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate)
         for step in range(args.num_steps):
             global_step += args.num_envs * world_size
-            with phase("data"):
-                rollout.obs[step].copy_(rollout.next_obs_host, non_blocking=True)  # the frames, as uint8, in place
-            with phase("policy"):
-                action, logprob, value = policy(rollout.obs[step])
-                # This wait also means every copy out of the pinned buffers has run: the host may write them again.
-                action_np = action.cpu().numpy()
-            with phase("env_step"):
-                # envpool's step, split in two: the writes between send and recv are done while the envs step.
-                envs.send(action_np)
-                with phase("data"):
-                    rollout.values[step] = value
-                    rollout.actions[step] = action
-                    rollout.logprobs[step] = logprob
-                    dones_host[step] = next_done
-                next_obs, reward, terminations, truncations, info = envs.recv()
-            with phase("data"):
-                next_obs_host[:] = next_obs
-                rewards_host[step] = reward
-                next_done = terminations | truncations
-            with phase("other"):
-                if rank == 0:  # rank 0 alone shows progress and counts returns, of its own envs, as CleanRL does
-                    for episodic_return, length in episodes.add(info, truncations):
-                        run.episode(global_step, episodic_return, length)
-                    run.tick(global_step)
+            phase("data")
+            rollout.obs[step].copy_(rollout.next_obs_host, non_blocking=True)  # the frames, as uint8, in place
+            phase("policy")
+            action, logprob, value = policy(rollout.obs[step])
+            # This wait also means every copy out of the pinned buffers has run: the host may write them again.
+            action_np = action.cpu().numpy()
+            phase("env_step")
+            # trick 8: overlap the envs and the GPU: envpool's step, split in two, the writes between send and recv
+            # done while the envs step (their time counts as env_step's: one env_step phase a step).
+            envs.send(action_np)
+            rollout.values[step] = value
+            rollout.actions[step] = action
+            rollout.logprobs[step] = logprob
+            dones_host[step] = next_done
+            next_obs, reward, terminations, truncations, info = envs.recv()
+            phase("data")
+            next_obs_host[:] = next_obs
+            rewards_host[step] = reward
+            next_done = terminations | truncations
+            phase("other")
+            if rank == 0:  # rank 0 alone shows progress and counts returns, of its own envs, as CleanRL does
+                for episodic_return, length in episodes.add(info, truncations):
+                    run.episode(global_step, episodic_return, length)
+                run.tick(global_step)
 
-        with phase("data"):
-            dones_host[-1] = next_done
-            rollout.to_device()
-        with phase("update"):
-            advantages, returns = gae(rollout.next_obs, rollout.next_done, rollout.rewards, rollout.values,
-                                      rollout.dones)
+        phase("data")
+        dones_host[-1] = next_done
+        rollout.to_device()
+        phase("update")
+        advantages, returns = gae(rollout.next_obs, rollout.next_done, rollout.rewards, rollout.values, rollout.dones)
         # the batch, flattened, in the order update takes it
         batch = (rollout.obs, rollout.actions.long(), rollout.logprobs, advantages, returns, rollout.values)
         batch = [tensor.flatten(0, 1) for tensor in batch]
         for epoch in range(args.update_epochs):
-            with phase("data"):
-                b_inds = torch.randperm(batch_size, device=device)  # shuffled on the device: no indices from the host
+            phase("data")
+            b_inds = torch.randperm(batch_size, device=device)  # trick 7: no host sync, shuffled on the device
             for mb_inds in b_inds.chunk(args.num_minibatches):
-                with phase("data"):
-                    minibatch = [tensor[mb_inds] for tensor in batch]
-                with phase("update"):
-                    update(*minibatch)
+                phase("data")
+                minibatch = [tensor[mb_inds] for tensor in batch]
+                phase("update")
+                update(*minibatch)
             approx_kl = stats["approx_kl"]
             if args.target_kl is not None and world_size > 1:  # by the ranks' mean KL, all stop at the same epoch
                 approx_kl = agree(approx_kl, dist.ReduceOp.SUM, device) / world_size
             if args.target_kl is not None and approx_kl > args.target_kl:
                 break
 
-        with phase("other"):
-            # On the device, so that it is read back with the statistics, in one sync.
-            var_y = returns.var(correction=0)
-            explained_var = torch.where(var_y == 0, torch.nan, 1 - (returns - rollout.values).var(correction=0) / var_y)
-            learning_rate = agent.optimizer.param_groups[0]["lr"]
-            scalars = {"losses/explained_variance": explained_var, "charts/learning_rate": learning_rate}
-            run.log(global_step, scalars | {f"losses/{name}": value for name, value in stats.items()})
-            if world_size > 1:
-                agree_to_stop(run, device)
+        phase("other")
+        # On the device, so that it is read back with the statistics, in one sync.
+        var_y = returns.var(correction=0)
+        explained_var = torch.where(var_y == 0, torch.nan, 1 - (returns - rollout.values).var(correction=0) / var_y)
+        learning_rate = agent.optimizer.param_groups[0]["lr"]
+        scalars = {"losses/explained_variance": explained_var, "charts/learning_rate": learning_rate}
+        run.log(global_step, scalars | {f"losses/{name}": value for name, value in stats.items()})
     envs.close()
-    if dist.is_initialized():  # one rank under torchrun too: it leaves the process group
-        del gae, update, policy  # NCCL closes only once the graphs that captured its all-reduce are gone
-        rank_fps = (global_step - first_step) / world_size / (time.perf_counter() - t_loop)
-        check_ranks_agree(agent.network, global_step, rank_fps)
 
 
 def evaluate(args, run, saved):
@@ -362,7 +342,6 @@ def evaluate(args, run, saved):
 def main(argv=None):
     """Train, or with --eval-checkpoint evaluate, as the arguments say; returns the record printed last."""
     args, checkpoint = parse_args(Args, __file__, argv)
-    setup_distributed(args)  # torchrun: join the process group before the checks that need the world
     check_args(args)
     run = Run(args, __file__, checkpoint)
     if args.eval_checkpoint:

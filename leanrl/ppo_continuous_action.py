@@ -12,11 +12,11 @@ import torch.nn as nn
 import torch.optim as optim
 from torch.distributions.normal import Normal
 
-from harness import Run, RunOptions, exit_code, fail, parse_args
+from harness import Run, exit_code, fail, parse_args
 
 
 @dataclass
-class Args(RunOptions):
+class Args:  # the algorithm's flags; parse_args adds the run options every script shares (docs/contract.md)
     env_id: str = "HalfCheetah-v4"
     """the id of the gymnasium environment"""
     total_timesteps: int = 1000000
@@ -250,59 +250,61 @@ def train(args, run):
     next_done = torch.zeros(args.num_envs, device=device)
     # A checkpoint is written as an iteration begins: a resumed run goes on with the iteration after its steps.
     for iteration in range(global_step // batch_size + 1, num_iterations + 1):
-        run.unit(global_step)
-        with phase("update"):
-            if args.anneal_lr:
-                frac = 1.0 - (iteration - 1.0) / num_iterations
-                agent.optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+        if not run.proceed(global_step):  # Ctrl-C, SIGTERM or a loss gone NaN: saved, the loop ends here
+            break
+        phase("update")
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / num_iterations
+            agent.optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
         for step in range(args.num_steps):
             global_step += args.num_envs
-            with phase("policy"), torch.no_grad():
+            phase("policy")
+            with torch.no_grad():
                 action, logprob, _, value = agent.net.get_action_and_value(next_obs)
-            with phase("data"):
-                rollout.obs[step] = next_obs
-                rollout.dones[step] = next_done
-                rollout.values[step] = value.flatten()
-                rollout.actions[step] = action
-                rollout.logprobs[step] = logprob
-                action = action.cpu().numpy()
-            with phase("env_step"):
-                next_obs, reward, terminations, truncations, infos = envs.step(action)
-            with phase("data"):
-                reward = bootstrap_truncated(agent, reward, terminations, truncations, infos, args.gamma, device)
-                next_done = np.logical_or(terminations, truncations)
-                rollout.rewards[step] = torch.tensor(reward).to(device).view(-1)
-                next_obs, next_done = torch.Tensor(next_obs).to(device), torch.Tensor(next_done).to(device)
-                for i in np.flatnonzero(infos.get("_final_info", [])):
-                    episode = infos["final_info"]["episode"]
-                    run.episode(global_step, episode["r"][i], episode["l"][i])
-            with phase("other"):
-                run.tick(global_step)
+            phase("data")
+            rollout.obs[step] = next_obs
+            rollout.dones[step] = next_done
+            rollout.values[step] = value.flatten()
+            rollout.actions[step] = action
+            rollout.logprobs[step] = logprob
+            action = action.cpu().numpy()
+            phase("env_step")
+            next_obs, reward, terminations, truncations, infos = envs.step(action)
+            phase("data")
+            reward = bootstrap_truncated(agent, reward, terminations, truncations, infos, args.gamma, device)
+            next_done = np.logical_or(terminations, truncations)
+            rollout.rewards[step] = torch.tensor(reward).to(device).view(-1)
+            next_obs, next_done = torch.Tensor(next_obs).to(device), torch.Tensor(next_done).to(device)
+            for i in np.flatnonzero(infos.get("_final_info", [])):
+                episode = infos["final_info"]["episode"]
+                run.episode(global_step, episode["r"][i], episode["l"][i])
+            phase("other")
+            run.tick(global_step)
 
-        with phase("update"):
-            advantages, rets = gae(next_obs, next_done, rollout.rewards, rollout.values, rollout.dones)
+        phase("update")
+        advantages, rets = gae(next_obs, next_done, rollout.rewards, rollout.values, rollout.dones)
         # the batch, each env's steps one after another: obs, actions, logprobs, advantages, returns, values
         batch = (rollout.obs, rollout.actions, rollout.logprobs, advantages, rets, rollout.values)
         batch = [x.flatten(0, 1) for x in batch]
         b_inds = np.arange(batch_size)
         for epoch in range(args.update_epochs):
-            with phase("data"):
-                np.random.shuffle(b_inds)
+            phase("data")
+            np.random.shuffle(b_inds)
             for start in range(0, batch_size, minibatch_size):
-                with phase("data"):
-                    minibatch = [b[b_inds[start : start + minibatch_size]] for b in batch]
-                with phase("update"):
-                    stats = update(*minibatch)
+                phase("data")
+                minibatch = [b[b_inds[start : start + minibatch_size]] for b in batch]
+                phase("update")
+                stats = update(*minibatch)
             if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
                 break
 
-        with phase("other"):  # explained variance on the device: read back with the statistics, in one sync
-            var_y = batch[-2].var(correction=0)
-            explained_var = torch.where(var_y == 0, torch.nan, 1 - (batch[-2] - batch[-1]).var(correction=0) / var_y)
-            scalars = {f"losses/{name}": stats[name] for name in STATS}
-            lr = agent.optimizer.param_groups[0]["lr"]
-            run.log(global_step, {**scalars, "losses/explained_variance": explained_var, "charts/learning_rate": lr})
+        phase("other")  # explained variance on the device: read back with the statistics, in one sync
+        var_y = batch[-2].var(correction=0)
+        explained_var = torch.where(var_y == 0, torch.nan, 1 - (batch[-2] - batch[-1]).var(correction=0) / var_y)
+        scalars = {f"losses/{name}": stats[name] for name in STATS}
+        lr = agent.optimizer.param_groups[0]["lr"]
+        run.log(global_step, {**scalars, "losses/explained_variance": explained_var, "charts/learning_rate": lr})
     envs.close()
 
 

@@ -15,11 +15,11 @@ from gymnasium.wrappers.utils import RunningMeanStd
 from tensordict.nn import CudaGraphModule
 from torch.distributions.normal import Normal
 
-from harness import Run, RunOptions, exit_code, fail, parse_args
+from harness import Run, exit_code, fail, parse_args
 
 
 @dataclass
-class Args(RunOptions):
+class Args:  # the algorithm's flags; parse_args adds the run options every script shares (docs/contract.md)
     env_id: str = "HalfCheetah-v4"
     """the id of the gymnasium environment"""
     total_timesteps: int = 1000000
@@ -56,9 +56,9 @@ class Args(RunOptions):
     """stop the epochs of an update early once the approximate KL divergence exceeds this threshold"""
     capture_video: bool = False
     """record videos under videos/<run name>/: of env 0 while training, of every episode of --eval-checkpoint"""
-    compile: bool = False
+    compile: bool = False  # trick 2: torch.compile
     """compile the policy, GAE and update functions with torch.compile"""
-    cudagraphs: bool = False
+    cudagraphs: bool = False  # trick 1: CUDA graphs
     """capture the policy, GAE and update functions as CUDA graphs (tensordict's CudaGraphModule)"""
 
 
@@ -78,7 +78,7 @@ def check_args(args):
         fail(f"--total-timesteps {args.total_timesteps} is below one rollout, {batch}")
 
 
-class RunningMeanStdOfOne(RunningMeanStd):
+class RunningMeanStdOfOne(RunningMeanStd):  # trick 12: a cheap env stack
     """gymnasium's update of one sample at a time with the terms that are exactly 0 or 1 dropped: the same numbers
     to the bit, without numpy's mean and var reductions, the largest costs of the wrapped env."""
 
@@ -103,15 +103,17 @@ def make_envs(args, num_envs, video=None):
         env = gym.wrappers.RecordEpisodeStatistics(env)  # before the reward wrappers: the env's own returns
         env = gym.wrappers.ClipAction(env)
         env = gym.wrappers.NormalizeObservation(env)
+        # trick 12: a cheap env stack, the running statistics updated without numpy's reductions
         env.obs_rms = RunningMeanStdOfOne(shape=env.obs_rms.mean.shape, dtype=env.obs_rms.mean.dtype)
         env = gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)
         env = gym.wrappers.NormalizeReward(env, gamma=args.gamma)
-        env.return_rms = RunningMeanStdOfOne(shape=())
+        env.return_rms = RunningMeanStdOfOne(shape=())  # trick 12: a cheap env stack
         return gym.wrappers.TransformReward(env, lambda reward: np.clip(reward, -10, 10))
 
     try:
         thunks = [functools.partial(make_env, video if i == 0 else None) for i in range(num_envs)]
-        # copy=False: step returns the env's own buffer; the loop copies it before the next step overwrites it
+        # trick 12: a cheap env stack, copy=False: step returns the env's own buffer; the loop copies it before the
+        # next step overwrites it
         return gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, copy=False)
     except (gym.error.Error, ImportError) as e:  # ImportError: ids whose envs moved out of gymnasium (-v2, -v3)
         fail(f"--env-id {args.env_id}: {e}")
@@ -157,15 +159,16 @@ class ActorCritic(nn.Module):
 
     def get_action_and_value(self, x, action=None):
         action_mean = self.actor_mean(x)
-        # Checking the arguments would read them back to the host: a sync, and not allowed in a CUDA graph
+        # trick 1: CUDA graphs, no argument validation: it would read them back to the host, a sync a graph refuses
         probs = Normal(action_mean, self.actor_logstd.expand_as(action_mean).exp(), validate_args=False)
         if action is None:
-            # sample() calls torch.normal, which checks std on the host; rsample draws the same numbers without
+            # trick 1: CUDA graphs: sample() calls torch.normal, which checks std on the host; rsample draws the same
+            # numbers without
             action = probs.rsample()
         return action, probs.log_prob(action).sum(1), probs.entropy().sum(1), self.critic(x)
 
 
-class Rollout:
+class Rollout:  # trick 10: nothing to copy in or out, a pinned rollout moved to the device once an iteration
     """One rollout, written step by step into pinned host memory (`host`: numpy views of it), moved to the device by
     to_device. obs and dones have one more row: the observation the next rollout starts with, GAE's bootstrap."""
 
@@ -178,7 +181,7 @@ class Rollout:
         for key, shape in shapes.items():
             setattr(self, key, torch.zeros(shape, device=device))
 
-    def to_device(self):  # blocking copies: the next rollout overwrites the host memory
+    def to_device(self):  # trick 6: on-device storage, by blocking copies: the next rollout overwrites the host memory
         for key, x in self.pinned.items():
             getattr(self, key).copy_(x)
 
@@ -188,9 +191,10 @@ class Agent:
 
     def __init__(self, args, n_obs, n_act, device):
         self.net = ActorCritic(n_obs, n_act, device=device)
-        # The learning rate, a device tensor annealed in place, is read by compiled and captured optimizer steps;
-        # Adam takes it without host syncs when capturable (CUDA only).
+        # trick 7: no host sync, the learning rate a device tensor annealed in place, read by compiled and captured
+        # optimizer steps; Adam takes it without host syncs when capturable (CUDA only).
         lr = torch.tensor(args.learning_rate, device=device)
+        # trick 1: CUDA graphs, capturable: Adam's step count on the device, advanced by replays
         self.optimizer = optim.Adam(self.net.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
 
 
@@ -211,6 +215,7 @@ def bootstrap_truncated(agent, reward, terminations, truncations, infos, gamma, 
 def make_update_fns(agent, args):
     """GAE over a rollout, the PPO update on one minibatch (its STATS into `stats`, fixed tensors), and the policy
     that acts. --compile compiles each; --cudagraphs captures GAE and the update (the policy: in make_act)."""
+    # trick 10: nothing to copy in or out, the statistics written into fixed tensors
     stats = {name: torch.zeros((), device=agent.net.actor_logstd.device) for name in STATS}
 
     def gae(next_obs, next_done, rewards, values, dones):
@@ -220,9 +225,9 @@ def make_update_fns(agent, args):
             nextvalues = torch.cat([values[1:], agent.net.critic(next_obs).reshape(1, -1)])
             delta = rewards + args.gamma * nextvalues * nextnonterminal - values
             coef = args.gamma * args.gae_lambda * nextnonterminal
-            # A[t] = delta[t] + coef[t] * A[t + 1] in log2(num_steps) rounds of a doubling scan (a short graph to
-            # compile): after the round with shift s, A[t] holds the terms of delta[t : t + 2s] and coef[t] the
-            # product of coef[t : t + 2s].
+            # trick 17: GAE without a Python loop: A[t] = delta[t] + coef[t] * A[t + 1] in log2(num_steps) rounds of
+            # a doubling scan (a short graph to compile): after the round with shift s, A[t] holds the terms of
+            # delta[t : t + 2s] and coef[t] the product of coef[t : t + 2s].
             advantages = delta
             shift = 1
             while shift < args.num_steps:
@@ -264,23 +269,23 @@ def make_update_fns(agent, args):
         return {name: value.detach() for name, value in zip(STATS, outputs)}
 
     def update_in_place(*minibatch):
-        # No outputs: a captured function would copy each one out of its graph.
+        # trick 10: nothing to copy in or out: no outputs, a captured function would copy each one out of its graph.
         for name, value in update(*minibatch).items():
             stats[name].copy_(value)
 
     def policy(obs):
-        with torch.no_grad():
+        with torch.no_grad():  # trick 3: act without autograd
             action, logprob, _, value = agent.net.get_action_and_value(obs)
         return action, logprob, value.flatten()
 
-    if args.compile:
+    if args.compile:  # trick 2: torch.compile
         gae, update_in_place, policy = map(torch.compile, (gae, update_in_place, policy))
-    if args.cudagraphs:
+    if args.cudagraphs:  # trick 1: CUDA graphs
         gae, update_in_place = (CudaGraphModule(f, warmup=3 if args.compile else 2) for f in (gae, update_in_place))
     return gae, update_in_place, policy, stats
 
 
-def make_act(policy, args, n_obs, n_act, device):
+def make_act(policy, args, n_obs, n_act, device):  # trick 10: nothing to copy in or out
     """act(obs) -> (action, logprob, value), numpy arrays in and out, overwritten by the next call. The copies in and
     out go through pinned host memory; --cudagraphs captures them with the policy: one replay and one wait a step."""
     pinned = device.type == "cuda"
@@ -328,67 +333,68 @@ def train(args, run):
                             warmup_steps=WARMUP_ITERATIONS * batch_size, profile_steps=PROFILE_ITERATIONS * batch_size)
 
     # After run.start: a resumed run's first observations are normalised with its restored statistics.
-    rollout.host["obs"][-1] = envs.reset(seed=args.seed)[0]
+    rollout.host["obs"][-1] = envs.reset(seed=args.seed)[0]  # trick 10: nothing to copy in or out, the pinned rollout
     # A checkpoint is written as an iteration begins: a resumed run goes on with the iteration after its steps.
     for iteration in range(global_step // batch_size + 1, num_iterations + 1):
-        run.unit(global_step)
-        with phase("update"):
-            if args.anneal_lr:
-                frac = 1.0 - (iteration - 1.0) / num_iterations
-                agent.optimizer.param_groups[0]["lr"].fill_(frac * args.learning_rate)
+        if not run.proceed(global_step):  # Ctrl-C, SIGTERM or a loss gone NaN: saved, the loop ends here
+            break
+        phase("update")
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / num_iterations
+            agent.optimizer.param_groups[0]["lr"].fill_(frac * args.learning_rate)  # trick 7: no host sync
 
-        with phase("data"):
-            # The observation the last rollout ended in is the first of this one.
-            rollout.host["obs"][0] = rollout.host["obs"][-1]
-            rollout.host["dones"][0] = rollout.host["dones"][-1]
+        phase("data")
+        # The observation the last rollout ended in is the first of this one.
+        rollout.host["obs"][0] = rollout.host["obs"][-1]
+        rollout.host["dones"][0] = rollout.host["dones"][-1]
         for step in range(args.num_steps):
             global_step += args.num_envs
-            with phase("policy"):
-                action, logprob, value = act(rollout.host["obs"][step])
-            with phase("data"):
-                rollout.host["values"][step] = value
-                rollout.host["actions"][step] = action
-                rollout.host["logprobs"][step] = logprob
-            with phase("env_step"):
-                next_obs, reward, terminations, truncations, infos = envs.step(rollout.host["actions"][step])
-            with phase("data"):
-                reward = bootstrap_truncated(agent, reward, terminations, truncations, infos, args.gamma, device)
-                rollout.host["dones"][step + 1] = np.logical_or(terminations, truncations)
-                rollout.host["rewards"][step] = reward
-                rollout.host["obs"][step + 1] = next_obs
-                for i in np.flatnonzero(infos.get("_final_info", [])):
-                    episode = infos["final_info"]["episode"]
-                    run.episode(global_step, episode["r"][i], episode["l"][i])
-            with phase("other"):
-                run.tick(global_step)
+            phase("policy")
+            action, logprob, value = act(rollout.host["obs"][step])
+            phase("data")
+            rollout.host["values"][step] = value
+            rollout.host["actions"][step] = action
+            rollout.host["logprobs"][step] = logprob
+            phase("env_step")
+            next_obs, reward, terminations, truncations, infos = envs.step(rollout.host["actions"][step])
+            phase("data")
+            reward = bootstrap_truncated(agent, reward, terminations, truncations, infos, args.gamma, device)
+            rollout.host["dones"][step + 1] = np.logical_or(terminations, truncations)
+            rollout.host["rewards"][step] = reward
+            rollout.host["obs"][step + 1] = next_obs
+            for i in np.flatnonzero(infos.get("_final_info", [])):
+                episode = infos["final_info"]["episode"]
+                run.episode(global_step, episode["r"][i], episode["l"][i])
+            phase("other")
+            run.tick(global_step)
 
-        with phase("data"):
-            rollout.to_device()
-        with phase("update"):
-            next_obs, next_done = rollout.obs[-1], rollout.dones[-1]  # the last row: where the next rollout starts
-            advantages, rets = gae(next_obs, next_done, rollout.rewards, rollout.values, rollout.dones[:-1])
+        phase("data")
+        rollout.to_device()
+        phase("update")
+        next_obs, next_done = rollout.obs[-1], rollout.dones[-1]  # the last row: where the next rollout starts
+        advantages, rets = gae(next_obs, next_done, rollout.rewards, rollout.values, rollout.dones[:-1])
         # the batch, each env's steps one after another: obs, actions, logprobs, advantages, returns, values
         batch = (rollout.obs[:-1], rollout.actions, rollout.logprobs, advantages, rets, rollout.values)
         batch = [x.flatten(0, 1) for x in batch]
         for epoch in range(args.update_epochs):
-            with phase("data"):
-                b_inds = torch.randperm(batch_size, device=device)
-                # One gather per epoch: the minibatches are then contiguous slices of the shuffled batch.
-                shuffled = [b[b_inds] for b in batch]
+            phase("data")
+            b_inds = torch.randperm(batch_size, device=device)  # trick 7: no host sync, shuffled on the device
+            # One gather per epoch: the minibatches are then contiguous slices of the shuffled batch.
+            shuffled = [b[b_inds] for b in batch]
             for start in range(0, batch_size, minibatch_size):
-                with phase("data"):
-                    minibatch = [b[start : start + minibatch_size] for b in shuffled]
-                with phase("update"):
-                    update(*minibatch)
+                phase("data")
+                minibatch = [b[start : start + minibatch_size] for b in shuffled]
+                phase("update")
+                update(*minibatch)
             if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
                 break
 
-        with phase("other"):  # explained variance on the device: read back with the statistics, in one sync
-            var_y = batch[-2].var(correction=0)
-            explained_var = torch.where(var_y == 0, torch.nan, 1 - (batch[-2] - batch[-1]).var(correction=0) / var_y)
-            scalars = {f"losses/{name}": stats[name] for name in STATS}
-            lr = agent.optimizer.param_groups[0]["lr"]
-            run.log(global_step, {**scalars, "losses/explained_variance": explained_var, "charts/learning_rate": lr})
+        phase("other")  # explained variance on the device: read back with the statistics, in one sync
+        var_y = batch[-2].var(correction=0)
+        explained_var = torch.where(var_y == 0, torch.nan, 1 - (batch[-2] - batch[-1]).var(correction=0) / var_y)
+        scalars = {f"losses/{name}": stats[name] for name in STATS}
+        lr = agent.optimizer.param_groups[0]["lr"]
+        run.log(global_step, {**scalars, "losses/explained_variance": explained_var, "charts/learning_rate": lr})
     envs.close()
 
 

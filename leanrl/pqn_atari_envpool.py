@@ -11,11 +11,11 @@ import torch.nn.functional as F
 import torch.optim as optim
 
 from envpool_atari import EpisodeReturns, make_envs
-from harness import Run, RunOptions, exit_code, fail, parse_args
+from harness import Run, exit_code, fail, parse_args
 
 
 @dataclass
-class Args(RunOptions):
+class Args:  # the algorithm's flags; parse_args adds the run options every script shares (docs/contract.md)
     env_id: str = "Breakout-v5"
     """the id of the envpool Atari game"""
     total_timesteps: int = 10000000
@@ -185,48 +185,49 @@ def train(args, run):
     global_step = run.start(state, total_steps=num_iterations * batch_size, profile_steps=batch_size,
                             warmup_steps=WARMUP_ITERATIONS * batch_size, env_steps_per_call=args.num_envs)  # fmt: skip
     for iteration in range(global_step // batch_size + 1, num_iterations + 1):
-        run.unit(global_step)
+        if not run.proceed(global_step):  # Ctrl-C, SIGTERM or a loss gone NaN: saved, the loop ends here
+            break
         if args.anneal_lr:
             agent.optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate
         for step in range(args.num_steps):
             global_step += args.num_envs
-            with phase("data"):
-                rollout.obs[step] = next_obs
-                rollout.dones[step] = next_done
-            with phase("policy"):
-                epsilon = linear_schedule(args.start_e, args.end_e, duration, global_step)
-                with torch.no_grad():
-                    action, value = agent.q_network.act(next_obs, epsilon)
-                action_np = action.cpu().numpy()
-            with phase("data"):
-                rollout.values[step] = value
-                rollout.actions[step] = action
-            with phase("env_step"):
-                next_obs, reward, terminations, truncations, info = envs.step(action_np)
-            with phase("data"):
-                rollout.rewards[step] = torch.tensor(reward).to(device).view(-1)
-                next_obs = torch.Tensor(next_obs).to(device)
-                next_done = torch.Tensor(terminations | truncations).to(device)
-            with phase("other"):
-                for episodic_return, length in episodes.add(info, truncations):
-                    run.episode(global_step, episodic_return, length)
-                run.tick(global_step)
+            phase("data")
+            rollout.obs[step] = next_obs
+            rollout.dones[step] = next_done
+            phase("policy")
+            epsilon = linear_schedule(args.start_e, args.end_e, duration, global_step)
+            with torch.no_grad():
+                action, value = agent.q_network.act(next_obs, epsilon)
+            action_np = action.cpu().numpy()
+            phase("data")
+            rollout.values[step] = value
+            rollout.actions[step] = action
+            phase("env_step")
+            next_obs, reward, terminations, truncations, info = envs.step(action_np)
+            phase("data")
+            rollout.rewards[step] = torch.tensor(reward).to(device).view(-1)
+            next_obs = torch.Tensor(next_obs).to(device)
+            next_done = torch.Tensor(terminations | truncations).to(device)
+            phase("other")
+            for episodic_return, length in episodes.add(info, truncations):
+                run.episode(global_step, episodic_return, length)
+            run.tick(global_step)
 
-        with phase("update"):
-            returns = q_lambda(next_obs, next_done, rollout.rewards, rollout.values, rollout.dones)
+        phase("update")
+        returns = q_lambda(next_obs, next_done, rollout.rewards, rollout.values, rollout.dones)
         # the batch, flattened, in the order update takes it
         batch = [tensor.flatten(0, 1) for tensor in (rollout.obs, rollout.actions, returns)]
         b_inds = np.arange(batch_size)
         for epoch in range(args.update_epochs):
             np.random.shuffle(b_inds)
             for start in range(0, batch_size, minibatch_size):
-                with phase("data"):
-                    minibatch = [tensor[b_inds[start : start + minibatch_size]] for tensor in batch]
-                with phase("update"):
-                    stats = update(*minibatch)
+                phase("data")
+                minibatch = [tensor[b_inds[start : start + minibatch_size]] for tensor in batch]
+                phase("update")
+                stats = update(*minibatch)
 
-        with phase("other"):
-            run.log(global_step, {f"losses/{name}": value for name, value in stats.items()})
+        phase("other")
+        run.log(global_step, {f"losses/{name}": value for name, value in stats.items()})
     envs.close()
 
 

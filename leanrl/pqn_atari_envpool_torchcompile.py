@@ -12,11 +12,11 @@ import torch.optim as optim
 from tensordict.nn import CudaGraphModule
 
 from envpool_atari import EpisodeReturns, make_envs
-from harness import Run, RunOptions, exit_code, fail, parse_args
+from harness import Run, exit_code, fail, parse_args
 
 
 @dataclass
-class Args(RunOptions):
+class Args:  # the algorithm's flags; parse_args adds the run options every script shares (docs/contract.md)
     env_id: str = "Breakout-v5"
     """the id of the envpool Atari game"""
     total_timesteps: int = 10000000
@@ -45,9 +45,9 @@ class Args(RunOptions):
     """the fraction of `total-timesteps` it takes from start-e to end-e"""
     q_lambda: float = 0.65
     """the lambda for Q(lambda)"""
-    compile: bool = False
+    compile: bool = False  # trick 2: torch.compile
     """compile the policy, the Q(lambda) returns and the update with torch.compile"""
-    cudagraphs: bool = False
+    cudagraphs: bool = False  # trick 1: CUDA graphs
     """capture the policy, the Q(lambda) returns and the update as CUDA graphs (tensordict's CudaGraphModule)"""
 
 
@@ -102,7 +102,7 @@ def linear_schedule(start_e, end_e, duration, t):
     return max(slope * t + start_e, end_e)
 
 
-class Rollout:
+class Rollout:  # trick 6: on-device storage, uint8 frames and pinned staging buffers
     """One iteration's transitions, num_steps x num_envs of each, on the device; frames stay uint8. The host stages
     what the envs return in pinned memory: frames go to the device each step, rewards and dones once an iteration."""
 
@@ -116,7 +116,7 @@ class Rollout:
         # The observation and done flag after the last step, which the returns bootstrap from.
         self.next_obs = torch.zeros((num_envs,) + obs_shape, dtype=torch.uint8, device=device)
         self.next_done = torch.zeros(num_envs, device=device)
-        # Epsilon of the step, filled in place: the captured policy reads it on the device.
+        # trick 7: no host sync, epsilon of the step filled in place: the captured policy reads it on the device.
         self.epsilon = torch.zeros((), device=device)
         pin = torch.device(device).type == "cuda"
         self.next_obs_host = torch.zeros((num_envs,) + obs_shape, dtype=torch.uint8, pin_memory=pin)
@@ -136,10 +136,10 @@ class Agent:
 
     def __init__(self, args, n_act, device):
         self.q_network = QNetwork(n_act, device=device)
-        # The learning rate is a device tensor, annealed in place: captured updates read its current value, compiled
-        # code does not recompile for each. capturable: RAdam's step count on the device, advanced by replays.
+        # trick 7: no host sync, the learning rate a device tensor, annealed in place: captured updates read its
+        # current value, compiled code does not recompile for each.
         lr = torch.tensor(args.learning_rate, device=device)
-        capturable = torch.device(device).type == "cuda"
+        capturable = torch.device(device).type == "cuda"  # trick 1: CUDA graphs, RAdam's step count on the device
         self.optimizer = optim.RAdam(self.q_network.parameters(), lr=lr, capturable=capturable)
 
 
@@ -147,6 +147,7 @@ def make_update_fns(agent, args):
     """The two steps of a PQN iteration's learning, the Q(lambda) returns and the update on one minibatch, and the
     policy that acts; compiled and captured with --compile and --cudagraphs. The update writes its STATS into
     `stats`."""
+    # trick 10: nothing to copy in or out, the statistics written into fixed tensors
     stats = {name: torch.zeros((), device=agent.optimizer.param_groups[0]["lr"].device) for name in STATS}
 
     def q_lambda(next_obs, next_done, rewards, values, dones):
@@ -156,9 +157,10 @@ def make_update_fns(agent, args):
             next_value = agent.q_network(next_obs).max(dim=-1).values
             nextnonterminal = 1.0 - torch.cat([dones[1:], next_done[None]])
             nextvalues = torch.cat([values[1:], next_value[None]])
-            # returns[t] = terms[t] + coef[t] * returns[t + 1] by a doubling scan: log2(num_steps) rounds, not num_steps
-            # (a short graph to compile). The last row is next_value, which the last step's lambda-share bootstraps
-            # from, with no coefficient. After shift s, returns[t] holds the terms of t : t + 2s, coef[t] their product.
+            # trick 17: GAE without a Python loop, here the Q(lambda) returns: returns[t] = terms[t] + coef[t] *
+            # returns[t + 1] by a doubling scan: log2(num_steps) rounds, not num_steps (a short graph to compile).
+            # The last row is next_value, which the last step's lambda-share bootstraps from, with no coefficient.
+            # After shift s, returns[t] holds the terms of t : t + 2s, coef[t] their product.
             coef = torch.cat([args.gamma * args.q_lambda * nextnonterminal, torch.zeros_like(next_value)[None]])
             terms = rewards + args.gamma * nextnonterminal * (1 - args.q_lambda) * nextvalues
             returns, shift = torch.cat([terms, next_value[None]]), 1
@@ -175,18 +177,18 @@ def make_update_fns(agent, args):
         loss.backward()
         nn.utils.clip_grad_norm_(agent.q_network.parameters(), args.max_grad_norm)
         agent.optimizer.step()
-        # Not returned: a captured function copies its outputs out of its graph.
+        # trick 10: nothing to copy in or out: not returned, a captured function copies its outputs out of its graph.
         stats["td_loss"].copy_(loss.detach())
         stats["q_values"].copy_(old_val.detach().mean())
 
     def policy(obs, epsilon):
-        with torch.no_grad():
+        with torch.no_grad():  # trick 3: act without autograd
             return agent.q_network.act(obs, epsilon)
 
     functions = (q_lambda, update, policy)
-    if args.compile:
+    if args.compile:  # trick 2: torch.compile
         functions = map(torch.compile, functions)
-    if args.cudagraphs:
+    if args.cudagraphs:  # trick 1: CUDA graphs
         functions = (CudaGraphModule(f, warmup=3 if args.compile else 2) for f in functions)
     q_lambda, update, policy = functions
     return q_lambda, update, policy, stats
@@ -216,14 +218,15 @@ def train(args, run):
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     device, phase = run.device, run.phase
-    torch.backends.cudnn.benchmark = device.type == "cuda"  # fixed shapes: cuDNN picks the fastest algorithms once
+    # trick 18: cuDNN autotuning, the shapes are fixed: cuDNN picks the fastest algorithms once
+    torch.backends.cudnn.benchmark = device.type == "cuda"
 
     envs = make_envs(args.env_id, args.num_envs, args.seed)
     agent = Agent(args, envs.single_action_space.n, device)
     q_lambda, update, policy, stats = make_update_fns(agent, args)
     rollout = Rollout(args.num_steps, args.num_envs, envs.single_observation_space.shape, device)
     episodes = EpisodeReturns(args.num_envs)
-    # The host writes the pinned staging buffers through numpy views of them.
+    # trick 6: on-device storage, staged by the host in pinned buffers, written through numpy views of them
     next_obs_host, rewards_host = rollout.next_obs_host.numpy(), rollout.rewards_host.numpy()
     dones_host = rollout.dones_host.numpy()
     next_obs_host[:] = envs.reset()[0]
@@ -234,53 +237,57 @@ def train(args, run):
     global_step = run.start(state, total_steps=num_iterations * batch_size, profile_steps=batch_size,
                             warmup_steps=WARMUP_ITERATIONS * batch_size, env_steps_per_call=args.num_envs)  # fmt: skip
     for iteration in range(global_step // batch_size + 1, num_iterations + 1):
-        run.unit(global_step)
+        if not run.proceed(global_step):  # Ctrl-C, SIGTERM or a loss gone NaN: saved, the loop ends here
+            break
         if args.anneal_lr:
+            # trick 7: no host sync, the device tensor filled in place
             agent.optimizer.param_groups[0]["lr"].fill_((1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate)
         for step in range(args.num_steps):
             global_step += args.num_envs
-            with phase("data"):
-                rollout.obs[step].copy_(rollout.next_obs_host, non_blocking=True)  # the frames, as uint8, in place
-            with phase("policy"):
-                rollout.epsilon.fill_(linear_schedule(args.start_e, args.end_e, duration, global_step))
-                action, value = policy(rollout.obs[step], rollout.epsilon)
-                # This wait also means every copy out of the pinned buffers has run: the host may write them again.
-                action_np = action.cpu().numpy()
-            with phase("env_step"):
-                # envpool's step, split in two: the writes between send and recv are done while the envs step.
-                envs.send(action_np)
-                with phase("data"):
-                    rollout.values[step] = value
-                    rollout.actions[step] = action
-                    dones_host[step] = next_done
-                next_obs, reward, terminations, truncations, info = envs.recv()
-            with phase("data"):
-                next_obs_host[:] = next_obs
-                rewards_host[step] = reward
-                next_done = terminations | truncations
-            with phase("other"):
-                for episodic_return, length in episodes.add(info, truncations):
-                    run.episode(global_step, episodic_return, length)
-                run.tick(global_step)
+            phase("data")
+            # trick 6: on-device storage, the frames as uint8, in place
+            rollout.obs[step].copy_(rollout.next_obs_host, non_blocking=True)
+            phase("policy")
+            # trick 7: no host sync, epsilon a device tensor filled in place
+            rollout.epsilon.fill_(linear_schedule(args.start_e, args.end_e, duration, global_step))
+            action, value = policy(rollout.obs[step], rollout.epsilon)
+            # This wait also means every copy out of the pinned buffers has run: the host may write them again.
+            action_np = action.cpu().numpy()
+            phase("env_step")
+            # trick 8: overlap the envs and the GPU: envpool's step, split in two, the writes between send and recv
+            # done while the envs step (their time counts as env_step's: one env_step phase a step).
+            envs.send(action_np)
+            rollout.values[step] = value
+            rollout.actions[step] = action
+            dones_host[step] = next_done
+            next_obs, reward, terminations, truncations, info = envs.recv()
+            phase("data")
+            next_obs_host[:] = next_obs
+            rewards_host[step] = reward
+            next_done = terminations | truncations
+            phase("other")
+            for episodic_return, length in episodes.add(info, truncations):
+                run.episode(global_step, episodic_return, length)
+            run.tick(global_step)
 
-        with phase("data"):
-            dones_host[-1] = next_done
-            rollout.to_device()
-        with phase("update"):
-            returns = q_lambda(rollout.next_obs, rollout.next_done, rollout.rewards, rollout.values, rollout.dones)
+        phase("data")
+        dones_host[-1] = next_done
+        rollout.to_device()
+        phase("update")
+        returns = q_lambda(rollout.next_obs, rollout.next_done, rollout.rewards, rollout.values, rollout.dones)
         # the batch, flattened, in the order update takes it
         batch = [tensor.flatten(0, 1) for tensor in (rollout.obs, rollout.actions, returns)]
         for epoch in range(args.update_epochs):
-            with phase("data"):
-                b_inds = torch.randperm(batch_size, device=device)  # shuffled on the device: no indices from the host
+            phase("data")
+            b_inds = torch.randperm(batch_size, device=device)  # trick 7: no host sync, shuffled on the device
             for start in range(0, batch_size, minibatch_size):
-                with phase("data"):
-                    minibatch = [tensor[b_inds[start : start + minibatch_size]] for tensor in batch]
-                with phase("update"):
-                    update(*minibatch)
+                phase("data")
+                minibatch = [tensor[b_inds[start : start + minibatch_size]] for tensor in batch]
+                phase("update")
+                update(*minibatch)
 
-        with phase("other"):
-            run.log(global_step, {f"losses/{name}": value for name, value in stats.items()})
+        phase("other")
+        run.log(global_step, {f"losses/{name}": value for name, value in stats.items()})
     envs.close()
 
 
