@@ -13,7 +13,7 @@ from tensordict.nn import CudaGraphModule
 from torch.distributions.categorical import Categorical
 
 from envpool_atari import EpisodeReturns, make_envs
-from harness import Run, agree, average, exit_code, fail, flat_gradients, parse_args, world
+from harness import Run, agree, average, exit_code, fail, flat_gradients, parse_args, setup_distributed, world
 
 
 @dataclass
@@ -342,8 +342,9 @@ def evaluate(args, run, saved):
 def main(argv=None):
     """Train, or with --eval-checkpoint evaluate, as the arguments say; returns the record printed last."""
     args, checkpoint = parse_args(Args, __file__, argv)
+    ranks = setup_distributed(args)  # torchrun: join the process group before the checks that need the world
     check_args(args)
-    run = Run(args, __file__, checkpoint)
+    run = Run(args, __file__, checkpoint, ranks)
     if args.eval_checkpoint:
         return run.evaluation(evaluate(args, run, checkpoint["state"]))
     with run.stoppable():

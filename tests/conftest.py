@@ -14,8 +14,8 @@ import torch
 # The scripts import the harness and the GPU env modules from leanrl/, as they do when run as leanrl/<script>.py.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "leanrl"))
 STOPS = (signal.SIGINT, signal.SIGTERM)
-# pytest's own, and the cache folder Inductor names for the process at its first compilation.
-OWN_VARIABLES = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"}
+# What libraries set for the process as they first load: pytest's own, Inductor's cache folder, matplotlib's.
+OWN_VARIABLES = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "MPLBACKEND", "MPLCONFIGDIR"}
 RECEIVED = []  # the read end of a pipe each signal this process receives writes its number into
 
 

@@ -26,7 +26,7 @@ MODULES = ("harness", "torch_classic_control", "mujoco_warp_envs", "fused_rollou
 TESTS = ROOT / "tests"
 RECORD_KEYS = {
     "script", "env_id", "seed", "compile", "cudagraphs", "device", "gpu", "cpu_count", "torch", "torch_threads",
-    "total_timesteps", "fps", "steady", "interrupted", "diverged", "amp", "fps_overall", "resumed_from",
+    "total_timesteps", "fps", "steady", "interrupted", "diverged", "amp", "fps_overall", "resumed_from", "restarts",
     "checkpoint_seconds", "warmup_seconds", "wall_seconds", "episodic_return", "return_curve",
 }  # fmt: skip
 # The four modes of a compiled script.

@@ -22,6 +22,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from helpers import RECORD_KEYS, SCRIPTS, free_port, load_script, run_main, wait_for
 
+from harness.torchrun import Ranks
 from torch_classic_control import CartPole
 
 BASE, FAST = "ppo_atari_envpool", "ppo_atari_envpool_torchcompile"
@@ -116,63 +117,61 @@ def test_ctrl_c_stops_every_rank_together(name, tmp_path):
     assert stopped and set(stopped) == {f"interrupted after {record['total_timesteps']} env steps"}, err
 
 
-def stop_worker(rank, store, results):
-    """One rank of a gloo group, its Run joined to the others: a signal to rank 0 alone sets no stop on it until
-    the ranks agree at the end of the iteration (else rank 0 would stop while rank 1 waits in its next all-reduce);
-    then it stops both."""
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2, timeout=TIMEOUT)
+def joined_run(rank, store, world_size=2):
+    """This rank's Run of the Atari baseline in a gloo group, started (a toy network every rank holds alike)."""
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size, timeout=TIMEOUT)
     base = load_script(BASE)
-    args = base.Args(cuda=False)
-    run = base.Run(args, BASE, None)
-    base.join_ranks(run, torch.nn.Linear(2, 2), args, 0)
-    base.agree_to_stop(run, "cpu")
-    stops = [run.stops.signal]
+    args, _ = base.parse_args(base.Args, BASE, ["--no-cuda", "--no-tensorboard"])
+    run = base.Run(args, BASE, None, Ranks())
+    run.start({}, total_steps=100, warmup_steps=10, profile_steps=1, env_steps_per_call=1,
+              replicated=torch.nn.Linear(2, 2))  # fmt: skip
+    return run
+
+
+def stop_worker(rank, store, results):
+    """A signal to rank 0 alone is only pending on it until the ranks agree as the next unit begins (else rank 0
+    would stop while rank 1 waits in its next all-reduce); then both stop there."""
+    run = joined_run(rank, store)
+    going_on = [run.proceed(0)]
     if rank == 0:
         os.kill(os.getpid(), signal.SIGINT)
-    stops.append(run.stops.signal)
-    base.agree_to_stop(run, "cpu")
-    results[rank] = [*stops, run.stops.signal]
+    stops = [run.stops.signal, run.stops.pending]
+    going_on.append(run.proceed(1))
+    results[rank] = [*going_on, *stops, run.stops.signal]
     dist.destroy_process_group()
 
 
 def test_a_signal_to_one_rank_waits_for_the_others(tmp_path):
     results = mp.Manager().dict()
     mp.spawn(stop_worker, args=(tmp_path / "store", results), nprocs=2)
-    assert results[0] == results[1] == [None, None, signal.SIGINT]
+    assert results[0] == [True, False, None, signal.SIGINT, signal.SIGINT]
+    assert results[1] == [True, False, None, None, signal.SIGINT]
 
 
 def diverge_worker(rank, store, results):
-    """One rank of a gloo group whose rank 0 logs a loss gone NaN: it does not stop alone (rank 1 would wait in its
-    next collective until the timeout) but asks, and the ranks stop together at their next agreement."""
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2, timeout=TIMEOUT)
-    base = load_script(BASE)
-    args = base.Args(cuda=False, tensorboard=False)
-    run = base.Run(args, BASE, None)
-    run.start({}, total_steps=100, warmup_steps=10, profile_steps=1, env_steps_per_call=1)
-    base.join_ranks(run, torch.nn.Linear(2, 2), args, 0)
+    """Rank 0 logs a loss gone NaN: it does not stop alone (rank 1 would wait in its next collective until the
+    timeout), and the ranks stop together as the next unit begins."""
+    run = joined_run(rank, store)
     run.log(10, {"losses/loss": torch.tensor(float("nan") if rank == 0 else 1.0)})
-    base.agree_to_stop(run, "cpu")
-    results[rank] = (run.diverged, run.stops.signal)
+    results[rank] = (run.proceed(10), run.diverged, run.stops.signal)
     dist.destroy_process_group()
 
 
 def test_a_diverged_rank_stops_every_rank(tmp_path):
     results = mp.Manager().dict()
     mp.spawn(diverge_worker, args=(tmp_path / "store", results), nprocs=2)
-    assert results[0] == ("the run diverged: losses/loss became nan at env step 10", signal.SIGTERM)
-    assert results[1] == (None, signal.SIGTERM)
+    assert results[0] == (False, "the run diverged: losses/loss became nan at env step 10", signal.SIGTERM)
+    assert results[1] == (False, None, signal.SIGTERM)
 
 
 def draw_worker(rank, store, results):
     """One rank of a gloo group of three, resumed at env step 512: every rank restored rank 0's generators (here all
-    seeded with 7); what it draws after join_ranks."""
+    seeded with 7); what it draws after the ranks join."""
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=3, timeout=TIMEOUT)
-    base = load_script(BASE)
-    args, network = base.Args(cuda=False), torch.nn.Linear(2, 2)
-    run = base.Run(args, BASE, None)
+    network = torch.nn.Linear(2, 2)
     for seed in (random.seed, np.random.seed, torch.manual_seed):
         seed(7)
-    base.join_ranks(run, network, args, 512)
+    Ranks().join(network, 1, 512)
     results[rank] = (torch.rand(4).tolist(), np.random.rand(), random.random())
     dist.destroy_process_group()
 
@@ -187,7 +186,7 @@ def test_resumed_ranks_draw_apart(tmp_path):
     assert draws[0][0] == torch.rand(4).tolist()
     for one, other in ((draws[0], draws[1]), (draws[1], draws[2])):
         assert all(a != b for a, b in zip(one, other))
-    torch.manual_seed(load_script(BASE).Args().seed + 1)
+    torch.manual_seed(1 + 1)  # --seed 1 (the default) + rank 1: the run's start
     assert draws[1][0] != torch.rand(4).tolist()
 
 
@@ -308,16 +307,19 @@ def ranks_worker(rank, store, results):
     pong = fast.Agent(fast.Args(), 6, "cpu").network.parameters()
     assert all(p.grad.data_ptr() % 16 == 0 for p in pong)
 
-    network.zero_grad(set_to_none=True)
-    loss_of(network, obs[half], actions[half]).backward()
-    base.average_gradients(network.parameters())
-    torch.testing.assert_close(flat_grads(network), whole, rtol=1e-4, atol=1e-6)
+    # The baseline averages the same way: its gradients are views into its own flat buffer.
+    base_agent = base.Agent(base.Args(), N_ACT, "cpu")
+    base_agent.network.load_state_dict(network.state_dict())
+    base_agent.optimizer.zero_grad(set_to_none=False)
+    loss_of(base_agent.network, obs[half], actions[half]).backward()
+    base.average(base_agent.grads)
+    torch.testing.assert_close(flat_grads(base_agent.network), whole, rtol=1e-4, atol=1e-6)
 
     with torch.no_grad():
         network.critic.bias += rank
     stderr = io.StringIO()
     with redirect_stderr(stderr), pytest.raises(SystemExit) as exit_info:
-        base.check_ranks_agree(network, 512, 100.0)
+        Ranks().check(network, 512, 100.0)
     results[rank] = (exit_info.value.code, stderr.getvalue())
 
 

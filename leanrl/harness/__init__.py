@@ -5,7 +5,7 @@ from .checkpoints import state_dict
 from .options import RunOptions, parse_args
 from .progress import fail
 from .run import Run, exit_code
-from .torchrun import agree, average, flat_gradients, world
+from .torchrun import agree, average, flat_gradients, setup_distributed, world
 
-__all__ = ["RunOptions", "Run", "agree", "average", "exit_code", "fail", "flat_gradients", "parse_args", "state_dict",
-           "world"]  # fmt: skip
+__all__ = ["RunOptions", "Run", "agree", "average", "exit_code", "fail", "flat_gradients", "parse_args",
+           "setup_distributed", "state_dict", "world"]  # fmt: skip

@@ -12,7 +12,6 @@ import tyro
 
 from .checkpoints import checkpoint_file, read_checkpoint
 from .progress import fail
-from .torchrun import setup_distributed
 
 # Numeric flags must be finite and >= 0; these, where a script has them, > 0 or in (0, 1].
 POSITIVE = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "buffer_size",
@@ -76,7 +75,7 @@ def with_run_options(Args):
 
 def parse_args(Args, script_file, argv=None):
     """(args, checkpoint): argv over the arguments of the checkpoint to resume or evaluate, range-checked, of Args with
-    the run options. Under torchrun, this rank joins the process group (setup_distributed)."""
+    the run options."""
     script = os.path.basename(script_file).removesuffix(".py")
     argv = sys.argv[1:] if argv is None else argv
     Args = with_run_options(Args)
@@ -87,6 +86,11 @@ def parse_args(Args, script_file, argv=None):
             fail(f"{flag(name)} '': an empty name (leave the flag out for its default)")
     if args.resume and args.eval_checkpoint:
         fail("--resume and --eval-checkpoint exclude each other")
+    if restarts() and args.save_dir and not args.resume and os.path.isfile(checkpoint_file(args.save_dir, script)):
+        # torchrun --max-restarts started the ranks again after one died: the run goes on from its last checkpoint
+        print(f"torchrun restart {restarts()}: resuming from {args.save_dir}", file=sys.stderr)
+        argv = [*argv, "--resume", args.save_dir]
+        args = tyro.cli(Args, args=argv)
     if args.resume or args.eval_checkpoint:
         option = "--resume" if args.resume else "--eval-checkpoint"
         checkpoint = read_checkpoint(option, args.resume or args.eval_checkpoint, script)
@@ -118,8 +122,12 @@ def parse_args(Args, script_file, argv=None):
         fail(f"--save-every {args.save_every} needs --save-dir")
     if args.track and not args.tensorboard:
         fail("--track mirrors the TensorBoard scalars to wandb: drop --no-tensorboard")
-    setup_distributed(args)
     return args, checkpoint
+
+
+def restarts():
+    """How often torchrun (--max-restarts) has started this job's ranks again: 0 for a run started once."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
 
 
 def check_flag_names(Args, argv):

@@ -19,7 +19,6 @@ from dataclasses import asdict
 import gymnasium
 import numpy as np
 import torch
-import torch.distributed as dist
 import tqdm
 from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -32,11 +31,10 @@ from .checkpoints import (
     state_dict,
     write_checkpoint,
 )
-from .options import check_outputs
+from .options import check_outputs, restarts
 from .progress import CONSOLE_SECONDS, Progress, ScalarLog, fail
 from .signals import StopSignals
 from .speed import SpeedWindow, print_record
-from .torchrun import agree, check_ranks_agree, fail_on_every_rank, join_ranks, world
 
 # Notes that are not the user's concern; the last: the episode an evaluation leaves unfinished is not recorded.
 QUIET_WARNINGS = (r".*The environment \S+-v\d+ is out of date", r"Using lock_\(\) inside a compiled graph",
@@ -45,9 +43,13 @@ QUIET_WARNINGS = (r".*The environment \S+-v\d+ is out of date", r"Using lock_\(\
 
 
 class Run:
-    def __init__(self, args, script_file, checkpoint):
-        self.t_start, self.args, self.checkpoint = time.perf_counter(), args, checkpoint
+    def __init__(self, args, script_file, checkpoint, ranks=None):
+        """ranks: under torchrun, what setup_distributed returned (None: one process)."""
+        self.t_start, self.args, self.checkpoint, self.ranks = time.perf_counter(), args, checkpoint, ranks
         self.script = os.path.basename(script_file).removesuffix(".py")
+        if ranks is None and int(os.environ.get("WORLD_SIZE", 1)) > 1:
+            fail(f"{self.script} runs in one process: start it with python, not torchrun")
+        self.rank = ranks.rank if ranks else 0
         self.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
         self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
         if getattr(args, "cudagraphs", False) and self.device.type != "cuda":
@@ -92,7 +94,7 @@ class Run:
             if first_step >= total_steps:
                 fail(f"--resume {self.args.resume}: that run is finished ({first_step} env steps); "
                      "pass a larger --total-timesteps")  # fmt: skip
-            if world()[0] == 0:
+            if self.rank == 0:
                 print(f"resuming at env step {first_step}, episodes restarted; saving to {self.args.save_dir}",
                       file=sys.stderr)  # fmt: skip
         self.state, self.steps, self.profile_steps = state, first_step, profile_steps
@@ -101,17 +103,15 @@ class Run:
         self.scalars = ScalarLog(self.args, self.run_name)  # now that the env and networks are made: no empty run
         self.window = SpeedWindow(first_step, max(warmup_from, first_step) + warmup_steps)
         compiles = [flag for flag in ("compile", "cudagraphs") if getattr(self.args, flag, False)]
-        if world()[0] == 0:  # under torchrun, rank 0 speaks for every rank
+        if self.rank == 0:  # under torchrun, rank 0 speaks for every rank
             print(f"{self.script}: warm-up for {self.window.opens_at - first_step} env steps"
                   + (f" (--{' and --'.join(compiles)}: the first steps compile)" if compiles else "")
                   + "; fps and eta once the rate is steady", file=sys.stderr, flush=True)  # fmt: skip
         # The curve's seconds go on from the checkpoint's: a resumed run's curve is one run's. After the line: a bar.
         self.progress = Progress(self.script, first_step, total_steps, returns, curve, self.t_start - seconds)
-        if world()[1] > 1:
-            if replicated is None:
-                fail_on_every_rank(f"{self.script} runs in one process: it does not run under torchrun")
+        if self.ranks:
             self.replicated = replicated
-            join_ranks(replicated, self.args.seed, first_step)
+            self.ranks.join(replicated, self.args.seed, first_step)
             self.stops.defer()
         self.stops.loop_begins()
         self.t_unit = time.perf_counter()
@@ -129,11 +129,9 @@ class Run:
         self.stops.unit_begins(now - self.t_unit)
         self.steps, self.t_unit = step, now
         self.end_phase()
-        if self.replicated is not None:
+        if self.ranks:
             asked = self.stops.pending or (signal.SIGTERM if self.diverged else 0)
-            self.stops.agreed(int(agree(asked, dist.ReduceOp.MAX, self.device)))
-            if self.stops.signal and dist.get_rank():
-                sys.stderr = open(os.devnull, "w")  # rank 0 tells where the run stopped
+            self.stops.agreed(self.ranks.agree_to_stop(asked, self.device))
         stop = self.stops.signal or self.diverged
         if self.args.save_dir and (stop or self.next_save and step >= self.next_save) and self.diverged is None:
             self.save(step)  # a diverged run keeps its last good checkpoint
@@ -167,7 +165,7 @@ class Run:
         """While warm-up runs, a line every CONSOLE_SECONDS that a unit of work lasts (a compilation, a capture):
         the run is alive, and what it is doing."""
         args, t_said = self.args, 0.0
-        doing = "compiling" if getattr(args, "compile", False) else "capturing" if getattr(args, "cudagraphs", False) else "running"
+        doing = "compiling" if getattr(args, "compile", False) else "running"
         while not self.finished.wait(1.0) and self.window.t_open is None:
             now = time.perf_counter()
             if min(now - self.t_unit, now - t_said) >= CONSOLE_SECONDS:
@@ -259,9 +257,9 @@ class Run:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         t_end, window = time.perf_counter(), self.window or SpeedWindow(0, 0)
-        if completed and self.replicated is not None:
-            rank_fps = (self.steps - window.first_step) / world()[1] / (t_end - window.t_loop)
-            check_ranks_agree(self.replicated, self.steps, rank_fps)
+        if completed and self.ranks:
+            rank_fps = (self.steps - window.first_step) / self.ranks.size / (t_end - window.t_loop)
+            self.ranks.check(self.replicated, self.steps, rank_fps)
         if self.profiler is not None:
             self.save_profile()
         if self.progress is not None:
@@ -289,7 +287,7 @@ class Run:
             "total_timesteps": steps, "fps": round(window.fps(steps, t_end), 1), "steady": steady,
             "interrupted": self.interrupted, "diverged": self.diverged is not None,
             "fps_overall": round((steps - window.first_step) / (t_end - self.t_start), 1),
-            "resumed_from": window.first_step if self.checkpoint is not None else None,
+            "resumed_from": window.first_step if self.checkpoint is not None else None, "restarts": restarts(),
             "checkpoint_seconds": round(window.paused, 3),
             "warmup_seconds": round((window.t_open if steady else window.t_loop) - self.t_start, 3),
             "wall_seconds": round(t_end - self.t_start, 3),

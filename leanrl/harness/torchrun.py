@@ -50,9 +50,10 @@ def digests_differ(digest):
 
 def setup_distributed(args):
     """Under torchrun: this rank on cuda:LOCAL_RANK, the process group joined, every rank's arguments checked equal;
-    ranks other than 0 write nothing (no TensorBoard, wandb, speed log, profile, checkpoint or stdout)."""
+    ranks other than 0 write nothing (no TensorBoard, wandb, speed log, profile, checkpoint or stdout). Returns the
+    Ranks that Run works with, or None without torchrun."""
     if "WORLD_SIZE" not in os.environ:
-        return
+        return None
     cuda = torch.cuda.is_available() and args.cuda
     if cuda:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
@@ -64,6 +65,7 @@ def setup_distributed(args):
         args.speed_log = args.profile_dir = args.save_dir = None
         args.save_every = 0
         sys.stdout = open(os.devnull, "w")
+    return Ranks()
 
 
 def agree(value, op, device):
@@ -91,17 +93,6 @@ def flat_gradients(parameters):
     return flat
 
 
-def join_ranks(replicated, seed, global_step):
-    """After the start: rank 0's tensors of `replicated` (its state_dict()) on every rank; after a resume, the other
-    ranks' generators reseeded apart; a rank that hangs after a stop signal ends the process (exit_if_stuck)."""
-    for tensor in replicated.state_dict().values():
-        dist.broadcast(tensor, 0)
-    if global_step and dist.get_rank():  # every rank holds rank 0's generators: the others reseed from the step
-        for seed_generator in (random.seed, np.random.seed, torch.manual_seed):
-            seed_generator(seed + dist.get_rank() + global_step)
-    exit_if_stuck(dist.get_rank())
-
-
 def exit_if_stuck(rank, seconds=STUCK_SECONDS):
     """A rank waiting in a collective for a rank that died runs no signal handler (they run between Python
     bytecodes), and torchrun kills it without a word: `seconds` after a signal, a thread woken by it says so, and
@@ -121,14 +112,38 @@ def exit_if_stuck(rank, seconds=STUCK_SECONDS):
     threading.Thread(target=watch, daemon=True).start()
 
 
-def check_ranks_agree(replicated, global_step, rank_fps):
-    """The end: every rank holds rank 0's tensors of `replicated` bit for bit, else an error; rank 0 prints each
-    rank's fps; the ranks leave the process group."""
-    data = b"".join(t.detach().cpu().numpy().tobytes() for t in replicated.state_dict().values())
-    if differ := digests_differ(hashlib.sha256(data).hexdigest()):
-        fail_on_every_rank(f"after {global_step} env steps, the parameters of ranks {differ} differ from rank 0's")
-    fps = [None] * dist.get_world_size()
-    dist.all_gather_object(fps, round(rank_fps, 1))
-    if dist.get_rank() == 0:
-        print(f"env steps per second of each rank over its whole loop: {fps}", file=sys.stderr, flush=True)
-    leave_process_group()
+class Ranks:
+    """What Run does with the other ranks: join them at the start, agree with them to stop, check at the end that
+    every rank holds rank 0's `replicated` (what has state_dict(): the trained tensors)."""
+
+    def __init__(self):
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+
+    def join(self, replicated, seed, global_step):
+        """Rank 0's tensors on every rank; after a resume, the other ranks' generators reseeded apart (every rank
+        restored rank 0's); a rank that hangs after a stop signal ends the process (exit_if_stuck)."""
+        for tensor in replicated.state_dict().values():
+            dist.broadcast(tensor, 0)
+        if global_step and self.rank:
+            for seed_generator in (random.seed, np.random.seed, torch.manual_seed):
+                seed_generator(seed + self.rank + global_step)
+        exit_if_stuck(self.rank)
+
+    def agree_to_stop(self, signum, device):
+        """The largest signal any rank asks to stop for (0: none), as every rank's: they stop at the same step."""
+        signum = int(agree(signum, dist.ReduceOp.MAX, device))
+        if signum and self.rank:
+            sys.stderr = open(os.devnull, "w")  # rank 0 tells where the run stopped
+        return signum
+
+    def check(self, replicated, global_step, rank_fps):
+        """Every rank holds rank 0's tensors bit for bit, else an error; rank 0 prints each rank's fps; the ranks
+        leave the process group."""
+        data = b"".join(t.detach().cpu().numpy().tobytes() for t in replicated.state_dict().values())
+        if differ := digests_differ(hashlib.sha256(data).hexdigest()):
+            fail_on_every_rank(f"after {global_step} env steps, the parameters of ranks {differ} differ from rank 0's")
+        fps = [None] * self.size
+        dist.all_gather_object(fps, round(rank_fps, 1))
+        if self.rank == 0:
+            print(f"env steps per second of each rank over its whole loop: {fps}", file=sys.stderr, flush=True)
+        leave_process_group()
