@@ -11,11 +11,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
 
-from harness import Run, RunOptions, exit_code, fail, parse_args
+from harness import Run, exit_code, fail, parse_args
 
 
 @dataclass
-class Args(RunOptions):
+class Args:  # the algorithm's flags; parse_args adds the run options every script shares (docs/contract.md)
     env_id: str = "CartPole-v1"
     """the id of the gymnasium environment"""
     total_timesteps: int = 500000
@@ -177,45 +177,45 @@ def train(args, run):
 
     obs, _ = envs.reset(seed=args.seed)
     for global_step in range(first_step, args.total_timesteps):
-        run.unit(global_step)
-        with phase("policy"):
-            epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps,
-                                      global_step)  # fmt: skip
-            if random.random() < epsilon:
-                actions = np.array([envs.single_action_space.sample()])
-            else:
-                q_values = agent.q_network(torch.as_tensor(obs, device=device, dtype=torch.float32))
-                actions = torch.argmax(q_values, dim=1).cpu().numpy()
+        if not run.proceed(global_step):  # Ctrl-C, SIGTERM or a loss gone NaN: saved, the loop ends here
+            break
+        phase("policy")
+        epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps,
+                                  global_step)  # fmt: skip
+        if random.random() < epsilon:
+            actions = np.array([envs.single_action_space.sample()])
+        else:
+            q_values = agent.q_network(torch.as_tensor(obs, device=device, dtype=torch.float32))
+            actions = torch.argmax(q_values, dim=1).cpu().numpy()
 
-        with phase("env_step"):
-            next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+        phase("env_step")
+        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
 
-        with phase("data"):
-            # A finished episode's last transition keeps its true final observation.
-            real_next_obs = next_obs.copy()
-            if "final_obs" in infos:
-                for i in np.flatnonzero(infos["_final_obs"]):
-                    real_next_obs[i] = infos["final_obs"][i]
-                    episode = infos["final_info"]["episode"]
-                    run.episode(global_step, episode["r"][i], episode["l"][i])
-            for field, value in zip(rb.values(), (obs[0], actions[0], rewards[0], real_next_obs[0], terminations[0])):
-                field.numpy()[global_step % args.buffer_size] = value
-            obs = next_obs
+        phase("data")
+        # A finished episode's last transition keeps its true final observation.
+        real_next_obs = next_obs.copy()
+        if "final_obs" in infos:
+            for i in np.flatnonzero(infos["_final_obs"]):
+                real_next_obs[i] = infos["final_obs"][i]
+                episode = infos["final_info"]["episode"]
+                run.episode(global_step, episode["r"][i], episode["l"][i])
+        for field, value in zip(rb.values(), (obs[0], actions[0], rewards[0], real_next_obs[0], terminations[0])):
+            field.numpy()[global_step % args.buffer_size] = value
+        obs = next_obs
 
         if global_step > args.learning_starts:
             if global_step % args.train_frequency == 0:
-                with phase("data"):
-                    idx = np.random.randint(0, min(global_step + 1, args.buffer_size), size=args.batch_size)
-                    batch = [field[idx].to(device) for field in rb.values()]  # obs, actions, rewards, next_obs, dones
-                with phase("update"):
-                    stats.update(update(*batch))
+                idx = np.random.randint(0, min(global_step + 1, args.buffer_size), size=args.batch_size)
+                batch = [field[idx].to(device) for field in rb.values()]  # obs, actions, rewards, next_obs, dones
+                phase("update")
+                stats.update(update(*batch))
             if global_step % args.target_network_frequency == 0:
-                with phase("update"):
-                    update_target()
+                phase("update")
+                update_target()
 
-        with phase("other"):
-            if run.tick(global_step + 1) and global_step >= first_update:
-                run.log(global_step, {f"losses/{name}": stats[name] for name in STATS})
+        phase("other")
+        if run.tick(global_step + 1) and global_step >= first_update:
+            run.log(global_step, {f"losses/{name}": stats[name] for name in STATS})
     envs.close()
 
 

@@ -13,11 +13,11 @@ import torch.nn.functional as F
 import torch.optim as optim
 from tensordict.nn import CudaGraphModule
 
-from harness import Run, RunOptions, exit_code, fail, parse_args
+from harness import Run, exit_code, fail, parse_args
 
 
 @dataclass
-class Args(RunOptions):
+class Args:  # the algorithm's flags; parse_args adds the run options every script shares (docs/contract.md)
     env_id: str = "CartPole-v1"
     """the id of the gymnasium environment"""
     total_timesteps: int = 500000
@@ -48,9 +48,9 @@ class Args(RunOptions):
     """the frequency of training"""
     capture_video: bool = False
     """record videos under videos/<run name>/ (env 0 in training; every episode of --eval-checkpoint)"""
-    compile: bool = False
+    compile: bool = False  # trick 2: torch.compile
     """compile the update and policy functions with torch.compile"""
-    cudagraphs: bool = False
+    cudagraphs: bool = False  # trick 1: CUDA graphs
     """capture each kind of training step, acting included, as a CUDA graph (tensordict's CudaGraphModule)"""
 
 
@@ -113,7 +113,7 @@ def linear_schedule(start_e, end_e, duration, t):
     return max(slope * t + start_e, end_e)
 
 
-class ReplayBuffer:
+class ReplayBuffer:  # trick 6: on-device storage
     """Transitions as rows of one preallocated tensor on the device, sampled uniformly with replacement there
     into one fixed batch tensor, which the update reads: a captured update then has no inputs to copy.
 
@@ -130,10 +130,11 @@ class ReplayBuffer:
         self.staged = torch.zeros(1, sum(widths), pin_memory=device.type == "cuda")
         self.staged_parts = np.split(self.staged.numpy()[0], np.cumsum(widths)[:-1])  # views: writing fills it
         self.row = torch.zeros(1, sum(widths), device=device)
-        self.batch = torch.zeros(batch_size, sum(widths), device=device)
+        self.batch = torch.zeros(batch_size, sum(widths), device=device)  # trick 10: nothing to copy in or out
         obs, actions, rewards, next_obs, dones = self.batch.split(widths, dim=1)
         # Views into self.batch: each sample overwrites what they show. Actions as floats, like the whole row.
         self.fields = (obs, actions.squeeze(1), rewards.squeeze(1), next_obs, dones.squeeze(1))
+        # trick 14: one graph per training step, the write position and size on the device
         self.ptr = torch.zeros(1, dtype=torch.long, device=device)
         self.size = torch.zeros(1, dtype=torch.long, device=device)
         self.max_size, self.device = size, device
@@ -170,14 +171,14 @@ class Agent:
 
     def __init__(self, args, n_obs, n_act, device):
         self.q_network = QNetwork(n_obs, n_act, device=device)
-        # capturable: Adam keeps its step count on the device, so a replayed graph advances it
+        # trick 1: CUDA graphs, capturable: Adam keeps its step count on the device, so a replayed graph advances it
         capturable = args.cudagraphs and device.type == "cuda"
         self.optimizer = optim.Adam(self.q_network.parameters(), lr=args.learning_rate, capturable=capturable)
         self.target_network = QNetwork(n_obs, n_act, device=device)
         self.target_network.load_state_dict(self.q_network.state_dict())
 
 
-def make_update_fns(agent, args, batch):
+def make_update_fns(agent, args, batch):  # trick 10: nothing to copy in or out, the update reads `batch`
     """The two steps of DQN: the TD update of the Q network, and the target network's update; and the policy
     that acts. The update reads its batch from `batch` (obs, actions, rewards, next_obs, dones), fixed tensors
     that each sample overwrites. With --compile each is compiled; --cudagraphs captures them in make_train_step."""
@@ -187,6 +188,7 @@ def make_update_fns(agent, args, batch):
         with torch.no_grad():
             target_max, _ = agent.target_network(next_obs).max(dim=1)
             td_target = rewards.flatten() + args.gamma * target_max * (1 - dones.flatten())
+        # trick 6: on-device storage, whose rows hold the actions as floats
         old_val = agent.q_network(obs).gather(1, actions.long().view(-1, 1)).squeeze(1)
         loss = F.mse_loss(td_target, old_val)
 
@@ -196,21 +198,23 @@ def make_update_fns(agent, args, batch):
         return {"td_loss": loss.detach(), "q_values": old_val.detach().mean()}
 
     def update_target():
-        # one fused lerp over every target parameter
+        # trick 5: one lerp for the targets, every target parameter at once
         sources = [p.detach() for p in agent.q_network.parameters()]
         torch._foreach_lerp_([p.detach() for p in agent.target_network.parameters()], sources, args.tau)
 
     def policy(obs):
-        # The greedy action only: whether to explore is the host's draw, as in the baseline (train's explore).
-        with torch.no_grad():
+        # trick 16: the host draws, the device acts greedily: whether to explore is the host's draw, as in the
+        # baseline (train's explore)
+        with torch.no_grad():  # trick 3: act without autograd
             return agent.q_network(obs).argmax(dim=1)
 
-    if args.compile:
+    if args.compile:  # trick 2: torch.compile
         update, update_target, policy = map(torch.compile, (update, update_target, policy))
 
     return update, update_target, policy
 
 
+# trick 14: one graph per training step, acting included
 def make_train_step(rb, stats, update, update_target, act, act_on_device, args):
     """train_step(q_update, target_update, obs), after each env step: store the staged transition, as asked update
     the Q network on a sampled batch (its statistics into `stats`) and the target network, then act greedily on obs
@@ -247,7 +251,7 @@ def make_train_step(rb, stats, update, update_target, act, act_on_device, args):
     return train_step
 
 
-def make_act(policy, n_obs, device):
+def make_act(policy, n_obs, device):  # trick 10: nothing to copy in or out
     """(act, act_on_device): the greedy action for one env's numpy observation. act_on_device (device work only)
     copies the observation from pinned host memory to the device, runs the policy and copies the action back; a
     training step that acts ends with it, in its captured graph. act(obs, device_work) writes the observation, runs
@@ -293,7 +297,8 @@ def train(args, run):
     torch.manual_seed(args.seed)
     device, phase = run.device, run.phase
 
-    env = make_env(args.env_id, args.seed, run.video_folder)()  # no vector env: for one env it costs more than a step
+    # trick 13: one env, no vector env: for one env it costs more than a step
+    env = make_env(args.env_id, args.seed, run.video_folder)()
     n_obs = int(np.prod(env.observation_space.shape))
     agent = Agent(args, n_obs, int(env.action_space.n), device)
     rb = ReplayBuffer(args.buffer_size, args.batch_size, n_obs, device)
@@ -309,6 +314,7 @@ def train(args, run):
     first_update = (args.learning_starts // args.train_frequency + 1) * args.train_frequency
 
     obs, _ = env.reset(seed=args.seed)
+    # trick 16: the host draws, the device acts greedily
     action = None  # the coming step's action: each training step ends by acting for the step after it
 
     def explore(step):
@@ -318,36 +324,38 @@ def train(args, run):
         return int(env.action_space.sample()) if random.random() < epsilon else None
 
     for global_step in range(first_step, args.total_timesteps):
-        run.unit(global_step)
-        with phase("policy"):
-            if action is None:  # the run's first step, which no training step acted for
-                action = explore(global_step)
-                action = act(obs) if action is None else action
+        if not run.proceed(global_step):  # Ctrl-C, SIGTERM or a loss gone NaN: saved, the loop ends here
+            break
+        phase("policy")
+        if action is None:  # the run's first step, which no training step acted for
+            action = explore(global_step)
+            action = act(obs) if action is None else action
 
-        with phase("env_step"):
-            next_obs, reward, termination, truncation, info = env.step(action)
+        phase("env_step")
+        next_obs, reward, termination, truncation, info = env.step(action)
 
-        with phase("data"):
-            # The transition keeps the true final observation; then the env resets in the same step.
-            rb.stage(obs, next_obs, action, reward, termination)
-            if termination or truncation:
-                run.episode(global_step, info["episode"]["r"], info["episode"]["l"])
-                next_obs, _ = env.reset()
-            obs = next_obs
+        phase("data")
+        # The transition keeps the true final observation; then the env resets in the same step.
+        rb.stage(obs, next_obs, action, reward, termination)  # trick 6: on-device storage
+        if termination or truncation:
+            run.episode(global_step, info["episode"]["r"], info["episode"]["l"])
+            next_obs, _ = env.reset()
+        obs = next_obs
 
         learning = global_step > args.learning_starts
         q_update = learning and global_step % args.train_frequency == 0
         target_update = learning and global_step % args.target_network_frequency == 0
         # A step that only stores the transition is mostly the round trip of acting: under "policy".
-        with phase("update" if q_update or target_update else "policy"):
-            # The next step's draws, then the training step, which acts for it when the draw says greedy.
-            random_action = explore(global_step + 1)
-            action = train_step(q_update, target_update, obs if random_action is None else None)
-            action = action if random_action is None else random_action
+        phase("update" if q_update or target_update else "policy")
+        # The next step's draws, then the training step, which acts for it when the draw says greedy.
+        random_action = explore(global_step + 1)
+        # trick 14: one graph per training step, which acts greedily at its end (trick 16)
+        action = train_step(q_update, target_update, obs if random_action is None else None)
+        action = action if random_action is None else random_action
 
-        with phase("other"):
-            if run.tick(global_step + 1) and global_step >= first_update:
-                run.log(global_step, {f"losses/{name}": stats[name] for name in STATS})
+        phase("other")
+        if run.tick(global_step + 1) and global_step >= first_update:
+            run.log(global_step, {f"losses/{name}": stats[name] for name in STATS})
     env.close()
 
 

@@ -2,7 +2,6 @@
 # fast (docs/tricks.md); data-parallel under torchrun. Docs: docs/gpu_collection.md, docs/multigpu.md
 import random
 import sys
-import time
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -15,27 +14,13 @@ import torch.optim as optim
 from tensordict.nn import CudaGraphModule
 from torch.distributions.categorical import Categorical
 
-from fused_rollout import make_fused_collect
-from harness import (
-    Run,
-    RunOptions,
-    agree,
-    agree_to_stop,
-    average,
-    check_ranks_agree,
-    exit_code,
-    fail,
-    flat_gradients,
-    join_ranks,
-    parse_args,
-    setup_distributed,
-    world,
-)
+from fused_rollout import make_fused_collect  # trick 20: the rollout as one Triton kernel
+from harness import Run, agree, average, exit_code, fail, flat_gradients, parse_args, setup_distributed, world
 from torch_classic_control import ENVS, Envs
 
 
 @dataclass
-class Args(RunOptions):
+class Args:  # the algorithm's flags; parse_args adds the run options every script shares (docs/contract.md)
     env_id: str = "CartPole-v1"
     """the id of the environment: CartPole-v1, Acrobot-v1 or MountainCar-v0"""
     total_timesteps: int = 500000
@@ -70,11 +55,11 @@ class Args(RunOptions):
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
     """stop the epochs of an update early once the approximate KL divergence exceeds this threshold"""
-    compile: bool = False
+    compile: bool = False  # trick 2: torch.compile
     """compile the rollout step, GAE and the update with torch.compile"""
-    cudagraphs: bool = False
+    cudagraphs: bool = False  # trick 1: CUDA graphs
     """capture the rollout, GAE and the update as CUDA graphs (tensordict's CudaGraphModule)"""
-    fused_rollout: bool = False
+    fused_rollout: bool = False  # trick 20: the rollout as one Triton kernel
     """run the whole rollout (policy, sampling, env step, auto-reset, storage) as one Triton kernel per iteration"""
 
 
@@ -103,7 +88,8 @@ class ActorCritic(nn.Module):
 
     def get_action_and_value(self, x, action=None):
         logits = self.actor(x)
-        # Checking the arguments would read them back to the host: a sync, and not allowed in a CUDA graph
+        # trick 1: CUDA graphs, no argument validation: checking the arguments would read them back to the host, a
+        # sync, and not allowed in a CUDA graph
         probs = Categorical(logits=logits, validate_args=False)
         if action is None:
             # Gumbel-max, in both scripts: probs.sample()'s distribution by pointwise operations a compiled step fuses
@@ -111,7 +97,7 @@ class ActorCritic(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), self.critic(x)
 
 
-class Rollout:
+class Rollout:  # trick 15: the rollout as one graph, with one more row
     """One rollout of num_steps steps of num_envs envs, on the device. obs and dones have one more row: the
     observation after the last step, which GAE bootstraps from and the next rollout starts with."""
 
@@ -127,8 +113,9 @@ class Agent:
 
     def __init__(self, args, n_obs, n_act, device):
         self.net = ActorCritic(n_obs, n_act, device=device)
-        # A device tensor that annealing overwrites in place, so a compiled or captured step reads the current value;
-        # Adam takes it without host syncs only when capturable, which it can be on CUDA alone.
+        # trick 7: no host sync, the learning rate a device tensor that annealing overwrites in place, so a compiled
+        # or captured step reads the current value; Adam takes it without host syncs only when capturable, which it
+        # can be on CUDA alone.
         lr = torch.tensor(args.learning_rate, device=device)
         self.optimizer = optim.Adam(self.net.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
         self.grads = None
@@ -136,12 +123,13 @@ class Agent:
             self.grads = flat_gradients(self.net.parameters())
 
     def set_learning_rate(self, lr):
-        self.optimizer.param_groups[0]["lr"].fill_(lr)
+        self.optimizer.param_groups[0]["lr"].fill_(lr)  # trick 7: no host sync
 
 
 def make_update_fns(agent, args):
     """GAE over a rollout, the PPO update on one minibatch (its STATS written into `stats`, fixed tensors), and the
     policy that acts. --compile and --cudagraphs apply to GAE and the update here, to the policy in make_collect."""
+    # trick 10: nothing to copy in or out, the statistics written into fixed tensors
     stats = {name: torch.zeros((), device=next(agent.net.parameters()).device) for name in STATS}
 
     def gae(next_obs, next_done, rewards, values, dones):
@@ -152,9 +140,9 @@ def make_update_fns(agent, args):
             nextvalues = torch.cat([values[1:], next_value])
             delta = rewards + args.gamma * nextvalues * nextnonterminal - values
             coef = args.gamma * args.gae_lambda * nextnonterminal
-            # advantages[t] = delta[t] + coef[t] * advantages[t + 1] by a doubling scan: log2(num_steps) rounds, not
-            # num_steps (a short graph to compile). After shift s, advantages[t] holds the terms of delta[t : t + 2s]
-            # and coef[t] the product of coef[t : t + 2s].
+            # trick 17: GAE without a Python loop, advantages[t] = delta[t] + coef[t] * advantages[t + 1] by a doubling
+            # scan: log2(num_steps) rounds, not num_steps (a short graph to compile). After shift s, advantages[t]
+            # holds the terms of delta[t : t + 2s] and coef[t] the product of coef[t : t + 2s].
             advantages, shift = delta, 1
             while shift < args.num_steps:
                 advantages = advantages + coef * F.pad(advantages[shift:], (0, 0, 0, shift))
@@ -162,6 +150,7 @@ def make_update_fns(agent, args):
                 shift *= 2
         return advantages, advantages + values
 
+    # trick 19: one all-reduce of a flat buffer, between the captured backward and the captured step
     def backward(obs, actions, logprobs, advantages, returns, values):
         """The loss of one minibatch and its gradients; its STATS but the gradient norm into `stats`."""
         _, newlogprob, entropy, newvalue = agent.net.get_action_and_value(obs, actions)
@@ -206,19 +195,19 @@ def make_update_fns(agent, args):
         step()
 
     def policy(obs):
-        with torch.no_grad():
+        with torch.no_grad():  # trick 3: act without autograd
             action, logprob, _, value = agent.net.get_action_and_value(obs)
         return action, logprob, value.flatten()
 
     functions = (gae, update, backward, step)
-    if args.compile:
+    if args.compile:  # trick 2: torch.compile
         functions = map(torch.compile, functions)
-    if args.cudagraphs:
+    if args.cudagraphs:  # trick 1: CUDA graphs
         functions = (CudaGraphModule(f, warmup=3 if args.compile else 2) for f in functions)
     # Other names for the wrapped backward and step: update calls the plain ones.
     gae, update, fast_backward, fast_step = functions
 
-    def update_distributed(*minibatch):
+    def update_distributed(*minibatch):  # trick 19: one all-reduce of a flat buffer
         # The all-reduce runs between two graphs: inside the update's one graph it measured 2% slower here, for
         # this small network (docs/multigpu.md). Alone, one graph does the whole update.
         fast_backward(*minibatch)
@@ -228,7 +217,7 @@ def make_update_fns(agent, args):
     return gae, update_distributed if dist.is_initialized() else update, policy, stats
 
 
-def make_collect(policy, envs, rollout, args):
+def make_collect(policy, envs, rollout, args):  # trick 15: the rollout as one graph
     """collect(): one rollout of num_steps steps of all envs into `rollout`, from the observation and done flags the
     last one ended in (its last rows). With --compile the env step (policy, env, auto-reset, storage) is compiled;
     with --cudagraphs the whole rollout is one CUDA graph: one replay per iteration, no Python per step."""
@@ -244,7 +233,8 @@ def make_collect(policy, envs, rollout, args):
         rollout.dones[t + 1] = done
 
     if args.compile:
-        # t becomes a symbolic integer at the second call (one recompile), so every step runs the same kernels.
+        # trick 11: compile the body, not the loop: t becomes a symbolic integer at the second call (one recompile),
+        # so every step runs the same kernels.
         step = torch.compile(step)
 
     def collect():
@@ -288,9 +278,9 @@ def train(args, run):
     agent = Agent(args, envs.physics.n_obs, envs.physics.n_act, device)
     gae, update, policy, stats = make_update_fns(agent, args)
     rollout = Rollout(args.num_steps, args.num_envs, envs.physics.n_obs, device)
-    rollout.obs[-1] = envs.observe()
+    rollout.obs[-1] = envs.observe()  # trick 15: the rollout as one graph, which starts from its last row
     state = {"net": agent.net, "optimizer": agent.optimizer}
-    if args.fused_rollout:
+    if args.fused_rollout:  # trick 20: the rollout as one Triton kernel
         collect = make_fused_collect(agent.net, envs, rollout)
         state["fused_seed"] = collect.seed  # the kernel's random stream goes on where it was
     else:
@@ -299,64 +289,57 @@ def train(args, run):
     global_step = run.start(state, total_steps=num_iterations * steps_per_iteration,
                             warmup_steps=WARMUP_ITERATIONS * steps_per_iteration,
                             profile_steps=PROFILE_ITERATIONS * steps_per_iteration,
-                            env_steps_per_call=steps_per_iteration)  # fmt: skip
-    if world_size > 1:
-        join_ranks(run, agent.net, args, global_step)
-        if global_step and args.fused_rollout and rank:  # the kernel's stream apart too
-            collect.seed.fill_(int(torch.randint(2**30, ())))
-    first_step, t_loop = global_step, time.perf_counter()
+                            env_steps_per_call=steps_per_iteration, replicated=agent.net)  # fmt: skip
+    if global_step and args.fused_rollout and rank:  # a resumed run's other ranks: the kernel's stream apart too
+        collect.seed.fill_(int(torch.randint(2**30, ())))
     # A resumed run goes on with the iteration after its checkpoint's, the learning rate annealed from there.
     for iteration in range(global_step // steps_per_iteration + 1, num_iterations + 1):
-        run.unit(global_step)
-        with phase("update"):
-            if args.anneal_lr:
-                frac = 1.0 - (iteration - 1.0) / num_iterations
-                agent.set_learning_rate(frac * args.learning_rate)
+        if not run.proceed(global_step):  # Ctrl-C, SIGTERM or a loss gone NaN: saved, the loop ends here
+            break
+        phase("update")
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / num_iterations
+            agent.set_learning_rate(frac * args.learning_rate)
         global_step += steps_per_iteration
-        with phase("env_step"):
-            collect()
-        with phase("other"):
-            if rank == 0:  # rank 0 alone shows progress
-                run.tick(global_step)
-        with phase("update"):
-            advantages, rets = gae(rollout.obs[-1], rollout.dones[-1], rollout.rewards, rollout.values,
-                                   rollout.dones[:-1])  # fmt: skip
+        phase("env_step")
+        collect()  # trick 15: the rollout as one graph
+        phase("other")
+        if rank == 0:  # rank 0 alone shows progress
+            run.tick(global_step)
+        phase("update")
+        advantages, rets = gae(rollout.obs[-1], rollout.dones[-1], rollout.rewards, rollout.values,
+                               rollout.dones[:-1])  # fmt: skip
         batch = (rollout.obs[:-1], rollout.actions, rollout.logprobs, advantages, rets, rollout.values)
         batch = [b.flatten(0, 1) for b in batch]  # obs, actions, logprobs, advantages, returns, values
         # Optimizing the policy and value network
         for epoch in range(args.update_epochs):
-            with phase("data"):
-                b_inds = torch.randperm(batch_size, device=device)
-                # One gather per epoch: the minibatches are then contiguous slices of the shuffled batch.
-                shuffled = [b[b_inds] for b in batch]
+            phase("data")
+            b_inds = torch.randperm(batch_size, device=device)  # trick 7: no host sync, shuffled on the device
+            # One gather per epoch: the minibatches are then contiguous slices of the shuffled batch.
+            shuffled = [b[b_inds] for b in batch]
             for start in range(0, batch_size, minibatch_size):
-                with phase("data"):
-                    minibatch = [b[start : start + minibatch_size] for b in shuffled]
-                with phase("update"):
-                    update(*minibatch)
+                phase("data")
+                minibatch = [b[start : start + minibatch_size] for b in shuffled]
+                phase("update")
+                update(*minibatch)
             # Every rank stops its epochs at the same one, by the ranks' mean KL: the all-reduces must pair up.
             approx_kl = stats["approx_kl"]
             if args.target_kl is not None and world_size > 1:
                 approx_kl = agree(approx_kl, dist.ReduceOp.SUM, device) / world_size
             if args.target_kl is not None and approx_kl > args.target_kl:
                 break
-        with phase("other"):
-            # The episodes that ended in this rollout count as one, by their mean: with many envs, thousands end.
-            ended, return_sum, length_sum = envs.ended_episodes().tolist()
-            if ended and rank == 0:  # rank 0 alone counts returns: of its own envs, as CleanRL does
-                run.episode(global_step, return_sum / ended, length_sum / ended)
-            # On the device, so that it is read back with the statistics, in one sync.
-            var_y = batch[-2].var(correction=0)
-            explained_var = torch.where(var_y == 0, torch.nan, 1 - (batch[-2] - batch[-1]).var(correction=0) / var_y)
-            lr = agent.optimizer.param_groups[0]["lr"]
-            scalars = {f"losses/{name}": stats[name] for name in STATS}
-            scalars.update({"losses/explained_variance": explained_var, "charts/learning_rate": lr})
-            run.log(global_step, scalars)
-            if world_size > 1:
-                agree_to_stop(run, device)
-    if dist.is_initialized():
-        rank_fps = (global_step - first_step) / world_size / (time.perf_counter() - t_loop)
-        check_ranks_agree(agent.net, global_step, rank_fps)
+        phase("other")
+        # The episodes that ended in this rollout count as one, by their mean: with many envs, thousands end.
+        ended, return_sum, length_sum = envs.ended_episodes().tolist()
+        if ended and rank == 0:  # rank 0 alone counts returns: of its own envs, as CleanRL does
+            run.episode(global_step, return_sum / ended, length_sum / ended)
+        # On the device, so that it is read back with the statistics, in one sync.
+        var_y = batch[-2].var(correction=0)
+        explained_var = torch.where(var_y == 0, torch.nan, 1 - (batch[-2] - batch[-1]).var(correction=0) / var_y)
+        lr = agent.optimizer.param_groups[0]["lr"]
+        scalars = {f"losses/{name}": stats[name] for name in STATS}
+        scalars.update({"losses/explained_variance": explained_var, "charts/learning_rate": lr})
+        run.log(global_step, scalars)
 
 
 def evaluate(args, run, saved):
@@ -378,9 +361,9 @@ def evaluate(args, run, saved):
 def main(argv=None):
     """Train, or with --eval-checkpoint evaluate, as the arguments say; returns the record printed last."""
     args, checkpoint = parse_args(Args, __file__, argv)
-    setup_distributed(args)  # torchrun: join the process group before the checks that need the world
+    ranks = setup_distributed(args)  # torchrun: join the process group before the checks that need the world
     check_args(args)
-    run = Run(args, __file__, checkpoint)
+    run = Run(args, __file__, checkpoint, ranks)
     if args.eval_checkpoint:
         return run.evaluation(evaluate(args, run, checkpoint["state"]))
     with run.stoppable():

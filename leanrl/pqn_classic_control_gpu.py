@@ -11,12 +11,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
 
-from harness import Run, RunOptions, exit_code, fail, parse_args
+from harness import Run, exit_code, fail, parse_args
 from torch_classic_control import ENVS, Envs
 
 
 @dataclass
-class Args(RunOptions):
+class Args:  # the algorithm's flags; parse_args adds the run options every script shares (docs/contract.md)
     env_id: str = "CartPole-v1"
     """the id of the environment: CartPole-v1, Acrobot-v1 or MountainCar-v0"""
     total_timesteps: int = 500000
@@ -182,47 +182,49 @@ def train(args, run):
     duration = args.exploration_fraction * args.total_timesteps
     # A resumed run goes on with the iteration after its checkpoint's, the learning rate annealed from there.
     for iteration in range(global_step // batch_size + 1, num_iterations + 1):
-        run.unit(global_step)
-        with phase("update"):
-            if args.anneal_lr:
-                frac = 1.0 - (iteration - 1.0) / num_iterations
-                agent.set_learning_rate(frac * args.learning_rate)
+        if not run.proceed(global_step):  # Ctrl-C, SIGTERM or a loss gone NaN: saved, the loop ends here
+            break
+        phase("update")
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / num_iterations
+            agent.set_learning_rate(frac * args.learning_rate)
         for step in range(args.num_steps):
             global_step += args.num_envs
-            with phase("data"):
-                rollout.obs[step] = next_obs
-                rollout.dones[step] = next_done
-            with phase("policy"), torch.no_grad():
+            phase("data")
+            rollout.obs[step] = next_obs
+            rollout.dones[step] = next_done
+            phase("policy")
+            with torch.no_grad():
                 epsilon = linear_schedule(args.start_e, args.end_e, duration, global_step)
                 action, value = agent.q_network.act(next_obs, epsilon)
-            with phase("env_step"):
-                next_obs, reward, next_done = envs.step(action)
-            with phase("data"):
-                rollout.values[step] = value
-                rollout.actions[step] = action
-                rollout.rewards[step] = reward
-                next_done = next_done.float()
-            with phase("other"):
-                run.tick(global_step)
-        with phase("update"):
-            returns = q_lambda(next_obs, next_done, rollout.rewards, rollout.values, rollout.dones)
+            phase("env_step")
+            next_obs, reward, next_done = envs.step(action)
+            phase("data")
+            rollout.values[step] = value
+            rollout.actions[step] = action
+            rollout.rewards[step] = reward
+            next_done = next_done.float()
+            phase("other")
+            run.tick(global_step)
+        phase("update")
+        returns = q_lambda(next_obs, next_done, rollout.rewards, rollout.values, rollout.dones)
         batch = [b.flatten(0, 1) for b in (rollout.obs, rollout.actions, returns)]
         # Optimizing the Q-network
         b_inds = np.arange(batch_size)
         for epoch in range(args.update_epochs):
-            with phase("data"):
-                np.random.shuffle(b_inds)
+            phase("data")
+            np.random.shuffle(b_inds)
             for start in range(0, batch_size, minibatch_size):
-                with phase("data"):
-                    minibatch = [b[b_inds[start : start + minibatch_size]] for b in batch]
-                with phase("update"):
-                    stats = update(*minibatch)
-        with phase("other"):
-            # The episodes that ended in this rollout count as one, by their mean: with many envs, thousands end.
-            ended, return_sum, length_sum = envs.ended_episodes().tolist()
-            if ended:
-                run.episode(global_step, return_sum / ended, length_sum / ended)
-            run.log(global_step, {f"losses/{name}": stats[name] for name in STATS})
+                phase("data")
+                minibatch = [b[b_inds[start : start + minibatch_size]] for b in batch]
+                phase("update")
+                stats = update(*minibatch)
+        phase("other")
+        # The episodes that ended in this rollout count as one, by their mean: with many envs, thousands end.
+        ended, return_sum, length_sum = envs.ended_episodes().tolist()
+        if ended:
+            run.episode(global_step, return_sum / ended, length_sum / ended)
+        run.log(global_step, {f"losses/{name}": stats[name] for name in STATS})
 
 
 def evaluate(args, run, saved):

@@ -12,12 +12,12 @@ import torch.nn.functional as F
 import torch.optim as optim
 from tensordict.nn import CudaGraphModule
 
-from harness import Run, RunOptions, exit_code, fail, parse_args
+from harness import Run, exit_code, fail, parse_args
 from torch_classic_control import ENVS, Envs
 
 
 @dataclass
-class Args(RunOptions):
+class Args:  # the algorithm's flags; parse_args adds the run options every script shares (docs/contract.md)
     env_id: str = "CartPole-v1"
     """the id of the environment: CartPole-v1, Acrobot-v1 or MountainCar-v0"""
     total_timesteps: int = 500000
@@ -46,9 +46,9 @@ class Args(RunOptions):
     """the maximum norm for the gradient clipping"""
     q_lambda: float = 0.65
     """the lambda for Q(lambda)"""
-    compile: bool = False
+    compile: bool = False  # trick 2: torch.compile
     """compile the rollout step, the Q(lambda) returns and the update with torch.compile"""
-    cudagraphs: bool = False
+    cudagraphs: bool = False  # trick 1: CUDA graphs
     """capture the rollout, the Q(lambda) returns and the update as CUDA graphs (tensordict's CudaGraphModule)"""
 
 
@@ -97,7 +97,7 @@ def linear_schedule(start_e, end_e, duration, t):
     return torch.clamp(torch.as_tensor(slope * t + start_e), min=end_e)
 
 
-class Rollout:
+class Rollout:  # trick 15: the rollout as one graph, with one more row
     """One rollout of num_steps steps of num_envs envs, on the device. obs and dones have one more row: the
     observation after the last step, which the returns bootstrap from and the next rollout starts with."""
 
@@ -106,7 +106,8 @@ class Rollout:
         self.actions = torch.zeros((num_steps, num_envs), dtype=torch.long, device=device)
         self.rewards, self.values = torch.zeros((2, num_steps, num_envs), device=device)
         self.dones = torch.zeros((num_steps + 1, num_envs), device=device)
-        # The env steps done before this rollout, which epsilon follows: filled in place, read by the captured rollout.
+        # trick 7: no host sync, the env steps done before this rollout, which epsilon follows: filled in place, read
+        # by the captured rollout.
         self.start_step = torch.zeros((), dtype=torch.float64, device=device)
 
 
@@ -115,19 +116,21 @@ class Agent:
 
     def __init__(self, args, n_obs, n_act, device):
         self.q_network = QNetwork(n_obs, n_act, device=device)
-        # A device tensor that annealing overwrites in place, so a compiled or captured step reads the current value;
-        # RAdam takes it without host syncs only when capturable, which it can be on CUDA alone.
+        # trick 7: no host sync, the learning rate a device tensor that annealing overwrites in place, so a compiled
+        # or captured step reads the current value; RAdam takes it without host syncs only when capturable, which it
+        # can be on CUDA alone.
         lr = torch.tensor(args.learning_rate, device=device)
         self.optimizer = optim.RAdam(self.q_network.parameters(), lr=lr, capturable=device.type == "cuda")
 
     def set_learning_rate(self, lr):
-        self.optimizer.param_groups[0]["lr"].fill_(lr)
+        self.optimizer.param_groups[0]["lr"].fill_(lr)  # trick 7: no host sync
 
 
 def make_update_fns(agent, args):
     """The Q(lambda) returns of a rollout, the update on one minibatch (its STATS written into `stats`, fixed tensors),
     and the policy that acts. --compile and --cudagraphs apply to the returns and the update here, to the policy in
     make_collect."""
+    # trick 10: nothing to copy in or out, the statistics written into fixed tensors
     stats = {name: torch.zeros((), device=next(agent.q_network.parameters()).device) for name in STATS}
 
     def q_lambda(next_obs, next_done, rewards, values, dones):
@@ -137,9 +140,10 @@ def make_update_fns(agent, args):
             next_value = agent.q_network(next_obs).max(dim=-1).values
             nextnonterminal = 1.0 - torch.cat([dones[1:], next_done[None]])
             nextvalues = torch.cat([values[1:], next_value[None]])
-            # returns[t] = terms[t] + coef[t] * returns[t + 1] by a doubling scan: log2(num_steps) rounds, not num_steps
-            # (a short graph to compile). The last row is next_value, which the last step's lambda-share bootstraps
-            # from, with no coefficient. After shift s, returns[t] holds the terms of t : t + 2s, coef[t] their product.
+            # trick 17: GAE without a Python loop (here the Q(lambda) returns): returns[t] = terms[t] + coef[t] *
+            # returns[t + 1] by a doubling scan: log2(num_steps) rounds, not num_steps (a short graph to compile). The
+            # last row is next_value, which the last step's lambda-share bootstraps from, with no coefficient. After
+            # shift s, returns[t] holds the terms of t : t + 2s, coef[t] their product.
             coef = torch.cat([args.gamma * args.q_lambda * nextnonterminal, torch.zeros_like(next_value)[None]])
             terms = rewards + args.gamma * nextnonterminal * (1 - args.q_lambda) * nextvalues
             returns, shift = torch.cat([terms, next_value[None]]), 1
@@ -157,22 +161,22 @@ def make_update_fns(agent, args):
         loss.backward()
         nn.utils.clip_grad_norm_(agent.q_network.parameters(), args.max_grad_norm)
         agent.optimizer.step()
-        # Not returned: a captured function copies its outputs out of its graph.
+        # trick 10: nothing to copy in or out: not returned, as a captured function copies its outputs out of its graph
         stats["td_loss"].copy_(loss.detach())
         stats["q_values"].copy_(old_val.detach().mean())
 
     def policy(obs, epsilon):
-        with torch.no_grad():
+        with torch.no_grad():  # trick 3: act without autograd
             return agent.q_network.act(obs, epsilon)
 
-    if args.compile:
+    if args.compile:  # trick 2: torch.compile
         q_lambda, update = torch.compile(q_lambda), torch.compile(update)
-    if args.cudagraphs:
+    if args.cudagraphs:  # trick 1: CUDA graphs
         q_lambda, update = (CudaGraphModule(f, warmup=3 if args.compile else 2) for f in (q_lambda, update))
     return q_lambda, update, policy, stats
 
 
-def make_collect(policy, envs, rollout, args):
+def make_collect(policy, envs, rollout, args):  # trick 15: the rollout as one graph
     """collect(): one rollout of num_steps steps of all envs into `rollout`, from the observation and done flags the
     last one ended in (its last rows). With --compile the env step (policy, env, auto-reset, storage) is compiled;
     with --cudagraphs the whole rollout is one CUDA graph: one replay per iteration, no Python per step."""
@@ -190,7 +194,8 @@ def make_collect(policy, envs, rollout, args):
         rollout.dones[t + 1] = done
 
     if args.compile:
-        # t becomes a symbolic integer at the second call (one recompile), so every step runs the same kernels.
+        # trick 11: compile the body, not the loop: t becomes a symbolic integer at the second call (one recompile),
+        # so every step runs the same kernels.
         step = torch.compile(step)
 
     def collect():
@@ -240,40 +245,41 @@ def train(args, run):
     global_step = run.start(state, total_steps=num_iterations * batch_size,
                             warmup_steps=WARMUP_ITERATIONS * batch_size, profile_steps=PROFILE_ITERATIONS * batch_size,
                             env_steps_per_call=batch_size)  # fmt: skip
-    rollout.obs[-1] = envs.observe()
+    rollout.obs[-1] = envs.observe()  # trick 15: the rollout as one graph, which starts from its last row
     # A resumed run goes on with the iteration after its checkpoint's, the learning rate annealed from there.
     for iteration in range(global_step // batch_size + 1, num_iterations + 1):
-        run.unit(global_step)
-        with phase("update"):
-            if args.anneal_lr:
-                frac = 1.0 - (iteration - 1.0) / num_iterations
-                agent.set_learning_rate(frac * args.learning_rate)
-        with phase("env_step"):
-            rollout.start_step.fill_(global_step)  # in place, as the learning rate: what epsilon follows
-            collect()
+        if not run.proceed(global_step):  # Ctrl-C, SIGTERM or a loss gone NaN: saved, the loop ends here
+            break
+        phase("update")
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / num_iterations
+            agent.set_learning_rate(frac * args.learning_rate)
+        phase("env_step")
+        rollout.start_step.fill_(global_step)  # trick 7: no host sync, in place as the learning rate: for epsilon
+        collect()  # trick 15: the rollout as one graph
         global_step += batch_size
-        with phase("other"):
-            run.tick(global_step)
-        with phase("update"):
-            returns = q_lambda(rollout.obs[-1], rollout.dones[-1], rollout.rewards, rollout.values, rollout.dones[:-1])
+        phase("other")
+        run.tick(global_step)
+        phase("update")
+        returns = q_lambda(rollout.obs[-1], rollout.dones[-1], rollout.rewards, rollout.values, rollout.dones[:-1])
         batch = [b.flatten(0, 1) for b in (rollout.obs[:-1], rollout.actions, returns)]
         # Optimizing the Q-network
         for epoch in range(args.update_epochs):
-            with phase("data"):
-                b_inds = torch.randperm(batch_size, device=device)
-                # One gather per epoch: the minibatches are then contiguous slices of the shuffled batch.
-                shuffled = [b[b_inds] for b in batch]
+            phase("data")
+            b_inds = torch.randperm(batch_size, device=device)  # trick 7: no host sync, shuffled on the device
+            # One gather per epoch: the minibatches are then contiguous slices of the shuffled batch.
+            shuffled = [b[b_inds] for b in batch]
             for start in range(0, batch_size, minibatch_size):
-                with phase("data"):
-                    minibatch = [b[start : start + minibatch_size] for b in shuffled]
-                with phase("update"):
-                    update(*minibatch)
-        with phase("other"):
-            # The episodes that ended in this rollout count as one, by their mean: with many envs, thousands end.
-            ended, return_sum, length_sum = envs.ended_episodes().tolist()
-            if ended:
-                run.episode(global_step, return_sum / ended, length_sum / ended)
-            run.log(global_step, {f"losses/{name}": stats[name] for name in STATS})
+                phase("data")
+                minibatch = [b[start : start + minibatch_size] for b in shuffled]
+                phase("update")
+                update(*minibatch)
+        phase("other")
+        # The episodes that ended in this rollout count as one, by their mean: with many envs, thousands end.
+        ended, return_sum, length_sum = envs.ended_episodes().tolist()
+        if ended:
+            run.episode(global_step, return_sum / ended, length_sum / ended)
+        run.log(global_step, {f"losses/{name}": stats[name] for name in STATS})
 
 
 def evaluate(args, run, saved):

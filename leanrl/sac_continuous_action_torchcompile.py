@@ -405,11 +405,11 @@ def train(args, run):
             rb.push()
         else:
             actor_update = vector_step % args.policy_frequency == 0
-            if not actor_update:  # trick 9: the actor stays as it is, so act for the next step while the critic updates
+            if not actor_update:  # trick 9: act ahead of a critic-only update, while the device updates the critic
                 run.phase("policy")
                 next_actions = act(obs)
-            run.phase("update")
-            train_step(actor_update, vector_step % args.target_network_frequency == 0)  # trick 14: one graph a step
+            run.phase("update")  # trick 14: one graph per training step
+            train_step(actor_update, vector_step % args.target_network_frequency == 0)
         run.phase("other")
         # By then an actor update has run (in this run, if it was resumed): its statistics exist.
         logged = global_step >= max(args.learning_starts, first_step) + args.policy_frequency * n_envs

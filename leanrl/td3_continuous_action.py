@@ -12,11 +12,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
 
-from harness import Run, RunOptions, exit_code, fail, parse_args
+from harness import Run, exit_code, fail, parse_args
 
 
 @dataclass
-class Args(RunOptions):
+class Args:  # the algorithm's flags; parse_args adds the run options every script shares (docs/contract.md)
     env_id: str = "HalfCheetah-v4"
     """the id of the gymnasium environment"""
     total_timesteps: int = 1000000
@@ -232,40 +232,40 @@ def train(args, run):
                            profile_steps=PROFILE_STEPS, env_steps_per_call=n_envs, warmup_from=args.learning_starts)
     # global_step counts env steps, n_envs per vector step; updates count vector steps, as CleanRL's global_step does.
     for global_step in range(first_step, args.total_timesteps, n_envs):
+        if not run.proceed(global_step):  # Ctrl-C, SIGTERM or a loss gone NaN: saved, the loop ends here
+            break
         vector_step = global_step // n_envs
-        run.unit(global_step)
-        with run.phase("policy"):
-            if global_step < args.learning_starts:
-                actions = envs.action_space.sample()
-            else:
-                with torch.no_grad():
-                    actions = agent.actor(torch.as_tensor(obs, device=device, dtype=torch.float32))
-                    # Noise of its own for each env.
-                    actions += torch.normal(0, (agent.actor.action_scale * args.exploration_noise).expand_as(actions))
-                    actions = actions.cpu().numpy().clip(space.low, space.high)
-        with run.phase("env_step"):
-            next_obs, rewards, terminations, truncations, infos = envs.step(actions)
-        with run.phase("data"):
-            real_next_obs = next_obs.copy()  # a finished episode's last transition keeps its true final observation
-            if "final_obs" in infos:
-                for i in np.flatnonzero(infos["_final_obs"]):
-                    real_next_obs[i] = infos["final_obs"][i]
-                    episode = infos["final_info"]["episode"]
-                    run.episode(global_step, episode["r"][i], episode["l"][i])
-            rb.add(obs, real_next_obs, actions, rewards, terminations)
-            obs = next_obs
+        run.phase("policy")
+        if global_step < args.learning_starts:
+            actions = envs.action_space.sample()
+        else:
+            with torch.no_grad():
+                actions = agent.actor(torch.as_tensor(obs, device=device, dtype=torch.float32))
+                # Noise of its own for each env.
+                actions += torch.normal(0, (agent.actor.action_scale * args.exploration_noise).expand_as(actions))
+                actions = actions.cpu().numpy().clip(space.low, space.high)
+        run.phase("env_step")
+        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+        run.phase("data")
+        real_next_obs = next_obs.copy()  # a finished episode's last transition keeps its true final observation
+        if "final_obs" in infos:
+            for i in np.flatnonzero(infos["_final_obs"]):
+                real_next_obs[i] = infos["final_obs"][i]
+                episode = infos["final_info"]["episode"]
+                run.episode(global_step, episode["r"][i], episode["l"][i])
+        rb.add(obs, real_next_obs, actions, rewards, terminations)
+        obs = next_obs
         if global_step >= args.learning_starts:
-            with run.phase("data"):
-                batch = rb.sample(args.batch_size)
-            with run.phase("update"):
-                stats.update(update_critic(*batch))
-                if vector_step % args.policy_frequency == 0:  # delayed policy and target updates
-                    stats.update(update_actor_and_targets(batch[0]))
-        with run.phase("other"):
-            # By then an actor update has run (in this run, if it was resumed): its statistics exist.
-            logged = global_step >= max(args.learning_starts, first_step) + args.policy_frequency * n_envs
-            if run.tick(global_step + n_envs) and logged:
-                run.log(global_step, {f"losses/{name}": stats[name] for name in STATS})
+            batch = rb.sample(args.batch_size)
+            run.phase("update")
+            stats.update(update_critic(*batch))
+            if vector_step % args.policy_frequency == 0:  # delayed policy and target updates
+                stats.update(update_actor_and_targets(batch[0]))
+        run.phase("other")
+        # By then an actor update has run (in this run, if it was resumed): its statistics exist.
+        logged = global_step >= max(args.learning_starts, first_step) + args.policy_frequency * n_envs
+        if run.tick(global_step + n_envs) and logged:
+            run.log(global_step, {f"losses/{name}": stats[name] for name in STATS})
     envs.close()
 
 

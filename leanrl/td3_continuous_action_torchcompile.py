@@ -14,11 +14,11 @@ import torch.nn.functional as F
 import torch.optim as optim
 from tensordict.nn import CudaGraphModule
 
-from harness import Run, RunOptions, exit_code, fail, parse_args
+from harness import Run, exit_code, fail, parse_args
 
 
 @dataclass
-class Args(RunOptions):
+class Args:  # the algorithm's flags; parse_args adds the run options every script shares (docs/contract.md)
     env_id: str = "HalfCheetah-v4"
     """the id of the gymnasium environment"""
     total_timesteps: int = 1000000
@@ -47,9 +47,9 @@ class Args(RunOptions):
     """noise clip parameter of the Target Policy Smoothing Regularization"""
     capture_video: bool = False
     """record videos under videos/<run name>/ (env 0 in training; every episode of --eval-checkpoint)"""
-    compile: bool = False
+    compile: bool = False  # trick 2: torch.compile
     """compile the update and policy functions with torch.compile"""
-    cudagraphs: bool = False
+    cudagraphs: bool = False  # trick 1: CUDA graphs
     """capture the update and policy functions as CUDA graphs (tensordict's CudaGraphModule)"""
 
 
@@ -78,7 +78,7 @@ def make_envs(env_id, seed, num_envs, video_folder=None, episode_trigger=None):
 
     try:
         thunks = [functools.partial(make_env, i) for i in range(num_envs)]
-        if num_envs == 1:
+        if num_envs == 1:  # trick 13: one env, no vector env
             envs = OneEnv(make_env(0))
         else:
             envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
@@ -90,7 +90,7 @@ def make_envs(env_id, seed, num_envs, video_folder=None, episode_trigger=None):
     return envs
 
 
-class OneEnv:
+class OneEnv:  # trick 13: one env, no vector env
     """One env stepped as make_envs' vector env steps it, without the vector env's batching and info merging (about
     as much host time as a MuJoCo step). Its batched action space draws as the vector env's: a copy of the env's."""
 
@@ -147,7 +147,7 @@ class Actor(nn.Module):
         return x * self.action_scale + self.action_bias
 
 
-class ReplayBuffer:
+class ReplayBuffer:  # trick 6: on-device storage
     """Rows [obs, action, reward, next_obs, done] of one tensor on the device, sampled uniformly with replacement into
     one fixed batch that the updates read. `stage` copies a step's rows to the device; `push` stores them there."""
 
@@ -155,9 +155,11 @@ class ReplayBuffer:
         widths = [n_obs, n_act, 1, n_obs, 1]
         self.storage = torch.zeros(size, sum(widths), device=device)
         self.rows = torch.zeros(num_envs, sum(widths), device=device)
+        # trick 10: nothing to copy in or out, the updates read one fixed batch
         self.batch = torch.zeros(batch_size, sum(widths), device=device)
         obs, actions, rewards, next_obs, dones = self.batch.split(widths, dim=1)
         self.fields = (obs, actions, rewards.squeeze(1), next_obs, dones.squeeze(1))  # views: each sample rewrites
+        # trick 14: one graph per training step, the write position and size on the device
         self.ptr = torch.arange(num_envs, device=device)  # the row each env's next transition goes to
         self.size = torch.zeros(1, dtype=torch.long, device=device)
         self.max_size, self.device = size, device
@@ -191,7 +193,7 @@ class Agent:
 
     def __init__(self, args, n_obs, n_act, action_low, action_high, device):
         self.actor = Actor(n_obs, n_act, action_low, action_high, device=device)
-        # Both Q networks as one stacked {name: tensor of both} (and its target copy), evaluated by qvalues
+        # trick 4: vmapped ensemble, both Q networks as one stacked {name: tensor of both} (and its target copy)
         qf1 = QNetwork(n_obs, n_act, device=device)
         qf2 = QNetwork(n_obs, n_act, device=device)
         self.qnet_params, _ = torch.func.stack_module_state([qf1, qf2])
@@ -200,14 +202,14 @@ class Agent:
         self.target_actor = Actor(n_obs, n_act, action_low, action_high, device=device)
         self.target_actor.load_state_dict(self.actor.state_dict())
         self.target_actor.requires_grad_(False)  # only the soft update changes it, in place
-        capturable = args.cudagraphs and device.type == "cuda"  # Adam's step count on the device, for graphs
+        capturable = args.cudagraphs and device.type == "cuda"  # trick 1: CUDA graphs, Adam's step count on the device
         self.q_optimizer = optim.Adam(self.qnet_params.values(), lr=args.learning_rate, capturable=capturable)
         self.actor_optimizer = optim.Adam(list(self.actor.parameters()), lr=args.learning_rate, capturable=capturable)
-        # Per-dimension action bounds on the device, for clamping actions there.
+        # trick 7: no host sync, the per-dimension action bounds on the device for clamping actions there
         self.action_low = torch.as_tensor(action_low, dtype=torch.float32, device=device)
         self.action_high = torch.as_tensor(action_high, dtype=torch.float32, device=device)
 
-    def qvalues(self, params, obs, actions):
+    def qvalues(self, params, obs, actions):  # trick 4: vmapped ensemble
         """The Q values of both networks for the stacked parameters `params`: shape (2, batch, 1)."""
         return torch.vmap(lambda p: torch.func.functional_call(self.qnet, p, (obs, actions)))(params)
 
@@ -218,7 +220,7 @@ def make_update_fns(agent, args, batch):
     The updates read `batch` (obs, actions, rewards, next_obs, dones), fixed tensors that each sample rewrites."""
 
     def update_critic():
-        obs, actions, rewards, next_obs, dones = batch
+        obs, actions, rewards, next_obs, dones = batch  # trick 10: nothing to copy in or out
         with torch.no_grad():
             # Target policy smoothing: clipped noise on the target actor's action.
             clipped_noise = (torch.randn_like(actions) * args.policy_noise).clamp(
@@ -226,9 +228,11 @@ def make_update_fns(agent, args, batch):
             ) * agent.target_actor.action_scale
             next_state_actions = agent.target_actor(next_obs) + clipped_noise
             next_state_actions = next_state_actions.clamp(agent.action_low, agent.action_high)
+            # trick 4: vmapped ensemble, both target critics at once
             qf_next_target = agent.qvalues(agent.qnet_target, next_obs, next_state_actions)
             min_qf_next_target = qf_next_target.min(0).values
             next_q_value = rewards.flatten() + (1 - dones.flatten()) * args.gamma * min_qf_next_target.view(-1)
+        # trick 4: vmapped ensemble, both critics at once
         qf1_a_values, qf2_a_values = agent.qvalues(agent.qnet_params, obs, actions).view(2, -1)
         qf1_loss = F.mse_loss(qf1_a_values, next_q_value)
         qf2_loss = F.mse_loss(qf2_a_values, next_q_value)
@@ -242,32 +246,33 @@ def make_update_fns(agent, args, batch):
 
     def update_actor_and_targets():
         obs = batch[0]
-        # qf1's detached parameters: no gradient reaches the critic, whose step would discard it anyway.
+        # trick 4: vmapped ensemble, qf1's detached parameters: no gradient reaches the critic, whose step would
+        # discard it anyway.
         qf1_params = {name: p[0].detach() for name, p in agent.qnet_params.items()}
         actor_loss = -torch.func.functional_call(agent.qnet, qf1_params, (obs, agent.actor(obs))).mean()
         agent.actor_optimizer.zero_grad()
         actor_loss.backward()
         agent.actor_optimizer.step()
-        # one fused lerp over every target parameter
+        # trick 5: one lerp for the targets, every target parameter at once
         targets = [*agent.qnet_target.values(), *agent.target_actor.parameters()]
         sources = [p.detach() for p in (*agent.qnet_params.values(), *agent.actor.parameters())]
         torch._foreach_lerp_(targets, sources, args.tau)
         return {"actor_loss": actor_loss.detach()}
 
-    def policy(obs):  # exploration noise drawn and actions clipped on the device
+    def policy(obs):  # trick 3: act without autograd, exploration noise drawn and actions clipped on the device
         with torch.no_grad():
             actions = agent.actor(obs)
             actions = actions + torch.randn_like(actions) * agent.actor.action_scale * args.exploration_noise
         return actions.clamp(agent.action_low, agent.action_high)
 
-    if args.compile:
+    if args.compile:  # trick 2: torch.compile
         update_critic, update_actor_and_targets, policy = map(
             torch.compile, (update_critic, update_actor_and_targets, policy)
         )
     return update_critic, update_actor_and_targets, policy
 
 
-def make_train_step(rb, update_critic, update_actor_and_targets, args):
+def make_train_step(rb, update_critic, update_actor_and_targets, args):  # trick 14: one graph per training step
     """train_step(actor_update) after a (vector) env step once learning has started: store the staged transitions,
     sample, update; with --cudagraphs one captured graph per kind of step. `stats`: fixed tensors."""
     stats = {name: torch.zeros((), device=rb.device) for name in STATS}
@@ -292,7 +297,7 @@ def make_train_step(rb, update_critic, update_actor_and_targets, args):
     return train_step, stats
 
 
-def make_act(policy, args, n_obs, n_act, device):
+def make_act(policy, args, n_obs, n_act, device):  # trick 10: nothing to copy in or out
     """act(obs) -> actions, numpy arrays, one row per env, through pinned host memory and fixed device tensors; with
     --cudagraphs both copies are in the captured graph: one replay and one wait for the device."""
     pinned = device.type == "cuda"
@@ -340,7 +345,7 @@ def train(args, run):
     update_critic, update_actor_and_targets, policy = make_update_fns(agent, args, rb.fields)
     train_step, stats = make_train_step(rb, update_critic, update_actor_and_targets, args)
     act = make_act(policy, args, n_obs, n_act, device)
-    next_actions = None  # chosen ahead, before a critic-only update
+    next_actions = None  # trick 9: act ahead of a critic-only update, chosen before it
 
     obs, _ = envs.reset(seed=args.seed)
     state = {**{name: getattr(agent, name) for name in AGENT_STATE}, "rb": rb}
@@ -348,41 +353,41 @@ def train(args, run):
                            profile_steps=PROFILE_STEPS, env_steps_per_call=n_envs, warmup_from=args.learning_starts)
     # global_step counts env steps, n_envs per vector step; updates count vector steps, as CleanRL's global_step does.
     for global_step in range(first_step, args.total_timesteps, n_envs):
+        if not run.proceed(global_step):  # Ctrl-C, SIGTERM or a loss gone NaN: saved, the loop ends here
+            break
         vector_step = global_step // n_envs
-        run.unit(global_step)
-        with run.phase("policy"):
-            if global_step < args.learning_starts:
-                actions = envs.action_space.sample()
-            elif next_actions is not None:
-                actions, next_actions = next_actions, None
-            else:
-                actions = act(obs)
-        with run.phase("env_step"):
-            next_obs, rewards, terminations, truncations, infos = envs.step(actions)
-        with run.phase("data"):
-            real_next_obs = next_obs.copy()  # a finished episode's last transition keeps its true final observation
-            if "final_obs" in infos:
-                for i in np.flatnonzero(infos["_final_obs"]):
-                    real_next_obs[i] = infos["final_obs"][i]
-                    episode = infos["final_info"]["episode"]
-                    run.episode(global_step, episode["r"][i], episode["l"][i])
-            rb.stage(obs, real_next_obs, actions, rewards, terminations)
-            obs = next_obs
+        run.phase("policy")
         if global_step < args.learning_starts:
-            with run.phase("data"):
-                rb.push()
+            actions = envs.action_space.sample()
+        elif next_actions is not None:  # trick 9: act ahead of a critic-only update
+            actions, next_actions = next_actions, None
+        else:
+            actions = act(obs)
+        run.phase("env_step")
+        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+        run.phase("data")
+        real_next_obs = next_obs.copy()  # a finished episode's last transition keeps its true final observation
+        if "final_obs" in infos:
+            for i in np.flatnonzero(infos["_final_obs"]):
+                real_next_obs[i] = infos["final_obs"][i]
+                episode = infos["final_info"]["episode"]
+                run.episode(global_step, episode["r"][i], episode["l"][i])
+        rb.stage(obs, real_next_obs, actions, rewards, terminations)  # trick 6: on-device storage
+        obs = next_obs
+        if global_step < args.learning_starts:
+            rb.push()
         else:
             actor_update = vector_step % args.policy_frequency == 0
-            if not actor_update:  # the actor stays as it is: act for the next step while the device updates the critic
-                with run.phase("policy"):
-                    next_actions = act(obs)
-            with run.phase("update"):
-                train_step(actor_update)
-        with run.phase("other"):
-            # By then an actor update has run (in this run, if it was resumed): its statistics exist.
-            logged = global_step >= max(args.learning_starts, first_step) + args.policy_frequency * n_envs
-            if run.tick(global_step + n_envs) and logged:
-                run.log(global_step, {f"losses/{name}": stats[name] for name in STATS})
+            if not actor_update:  # trick 9: act ahead of a critic-only update, while the device updates the critic
+                run.phase("policy")
+                next_actions = act(obs)
+            run.phase("update")
+            train_step(actor_update)  # trick 14: one graph per training step
+        run.phase("other")
+        # By then an actor update has run (in this run, if it was resumed): its statistics exist.
+        logged = global_step >= max(args.learning_starts, first_step) + args.policy_frequency * n_envs
+        if run.tick(global_step + n_envs) and logged:
+            run.log(global_step, {f"losses/{name}": stats[name] for name in STATS})
     envs.close()
 
 

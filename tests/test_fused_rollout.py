@@ -211,7 +211,7 @@ def test_resume_goes_on_with_the_kernel_seed(tmp_path, monkeypatch):
     assert seeds[1] == seeds[0] + 5
 
 
-def test_without_triton(monkeypatch, capsys):
+def test_without_triton(monkeypatch, capsys, workdir):  # workdir: main() in this process puts its handlers in
     monkeypatch.setattr(fused_rollout, "triton", None)
     assert_one_line_error(run_bad_input(FAST, ["--fused-rollout"], capsys), "--fused-rollout needs Triton")
 

@@ -348,3 +348,35 @@ def test_one_rank_under_torchrun_trains_as_one_process(name, workdir, capsys, mo
     for index, adam in states[0]["optimizer"]["state"].items():
         for key, tensor in adam.items():
             assert torch.equal(states[1]["optimizer"]["state"][index][key], tensor), (index, key)
+
+
+def worker_pids(torchrun_pid):
+    """{rank: pid} of the workers torchrun started (its children, each with RANK in its environment)."""
+    pids = {}
+    for child in open(f"/proc/{torchrun_pid}/task/{torchrun_pid}/children").read().split():
+        try:
+            environ = dict(v.split("=", 1) for v in open(f"/proc/{child}/environ").read().split("\0") if "=" in v)
+        except FileNotFoundError:  # ended meanwhile
+            continue
+        if "RANK" in environ:
+            pids[int(environ["RANK"])] = int(child)
+    return pids
+
+
+def test_a_killed_rank_restarts_and_the_run_finishes(tmp_path):
+    """kill -9 of rank 1 mid-run under `torchrun --max-restarts 1`: torchrun starts both ranks again, they resume from
+    the last checkpoint in --save-dir by themselves, and the run finishes (exit 0) with its record, which counts the
+    restart; what was lost is at most one --save-every interval."""
+    argv, steps = [*CLASSIC_TINY, "--save-dir", "run", "--save-every", "1024"], 256 * 400
+    command = torchrun(CLASSIC_BASE, *argv, "--total-timesteps", str(steps))
+    command[command.index("--standalone")] += " --max-restarts 1".replace(" ", "\0")  # two arguments, below
+    command = [part for arg in command for part in arg.split("\0")]
+    proc = subprocess.Popen(command, cwd=tmp_path, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_for(tmp_path / "run" / f"{CLASSIC_BASE}.pt", proc, seconds=600)
+    os.kill(worker_pids(proc.pid)[1], signal.SIGKILL)
+    out, err = proc.communicate(timeout=900)
+    assert proc.returncode == 0, err
+    record = json.loads(out.strip().splitlines()[-1])
+    assert record["restarts"] == 1 and record["total_timesteps"] == steps and record["interrupted"] is False
+    assert 1024 <= record["resumed_from"] < steps and record["resumed_from"] % 1024 == 0
+    assert "torchrun restart 1: resuming from run" in err

@@ -151,6 +151,7 @@ def test_profile_dir(name, phases, steps_per_call, tmp_path, capsys):
     assert_trace_phases(tmp_path / "profile", name, env_steps_per_call=steps_per_call, phases=phases)
 
 
+@pytest.mark.signals
 @pytest.mark.parametrize("name", [BASE, FAST])
 def test_ctrl_c_ends_with_a_checkpoint_and_the_record(name, monkeypatch, capsys):
     """SIGINT in the first rollout: the run ends as the second iteration would begin, with a checkpoint of the first

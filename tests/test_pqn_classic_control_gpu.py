@@ -86,6 +86,7 @@ def test_learns_cartpole(name, capsys):
     assert_return_curve(record)
 
 
+@pytest.mark.signals
 @pytest.mark.parametrize("name", [BASE, FAST])
 def test_resume_is_the_uninterrupted_run(name, capsys, monkeypatch):
     """Stopped by Ctrl-C in its third iteration (the baseline's within its rollout, the twin's as its rollout ends: its

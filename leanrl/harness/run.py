@@ -115,7 +115,8 @@ class Run:
             self.stops.defer()
         self.stops.loop_begins()
         self.t_unit = time.perf_counter()
-        threading.Thread(target=self.say_warmup, daemon=True).start()
+        self.warmup_lines = threading.Thread(target=self.say_warmup, daemon=True)
+        self.warmup_lines.start()
         return first_step
 
     def save_due(self, step):
@@ -251,6 +252,8 @@ class Run:
         speed record: the last stdout line, appended to --speed-log. Without a window: the whole loop's."""
         self.stops.ignore()
         self.finished.set()
+        if self.window is not None:
+            self.warmup_lines.join()  # no thread left at the interpreter's exit
         completed = self.window is not None and not (self.interrupted or self.diverged)
         if completed and self.args.save_dir:
             self.save(self.steps)

@@ -80,6 +80,7 @@ from benchkit import (
 from torch.profiler import ProfilerActivity, profile
 
 from fused_rollout import fused_rollout_unavailable, make_fused_collect
+from harness.options import with_run_options
 from torch_classic_control import ENVS, CartPole, Envs
 
 # JAX, imported where a backend needs it, grabs most of the GPU's memory when it starts unless told not to; torch
@@ -89,6 +90,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 SCRIPT_NAME = "ppo_classic_control_gpu_torchcompile"
 # The training script (its main() not run): the networks and the collect being measured.
 script = importlib.import_module(SCRIPT_NAME)
+ScriptArgs = with_run_options(script.Args)  # the script's flags with the run options (--seed, --torch-threads)
 # Torch backends: (compile, cudagraphs) of the script's make_collect.
 TORCH_MODES = {
     "torch-eager": (False, False),
@@ -162,7 +164,7 @@ def seeded(env_id, n, k, device, seed, compile=False, cudagraphs=False):
     backend acts with the same weights. args is the script's own Args with the bench's sizes and modes, the rest
     at the script's defaults."""
     args = dataclasses.replace(
-        script.Args(), env_id=env_id, num_envs=n, num_steps=k, seed=seed, compile=compile, cudagraphs=cudagraphs
+        ScriptArgs(), env_id=env_id, num_envs=n, num_steps=k, seed=seed, compile=compile, cudagraphs=cudagraphs
     )
     torch.manual_seed(seed)
     envs = Envs(env_id, n, device)
@@ -505,8 +507,8 @@ def parse_args(argv):
         default="cuda" if torch.cuda.is_available() else "cpu",
         help="where the policy, the script's envs and the rollout live (JAX: the same kind)",
     )
-    parser.add_argument("--seed", type=int, default=script.Args.seed, help="the networks' and the envs' seed")
-    parser.add_argument("--torch-threads", type=int, default=script.Args.torch_threads,
+    parser.add_argument("--seed", type=int, default=ScriptArgs.seed, help="the networks' and the envs' seed")
+    parser.add_argument("--torch-threads", type=int, default=ScriptArgs.torch_threads,
                         help="torch's intra-op CPU threads, as the script's option (0: torch's default)")  # fmt: skip
     parser.add_argument("--no-kernels", dest="kernels", action="store_false",
                         help="skip the profiled call that counts kernels per step")  # fmt: skip

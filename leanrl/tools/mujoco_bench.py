@@ -155,7 +155,7 @@ def rollout_collect(n, k, env_id, mode, device, seed):
     # Each N compiles afresh, as the script would: dynamo would otherwise recompile the policy for a dynamic N.
     torch._dynamo.reset()
     torch.manual_seed(seed)
-    args = script.Args(env_id=env_id, num_envs=n, num_steps=k, compile=compile, cudagraphs=cudagraphs, seed=seed)
+    args = script.Args(env_id=env_id, num_envs=n, num_steps=k, compile=compile, cudagraphs=cudagraphs)
     envs = script.CapturableEnvs(env_id, n, args.gamma, device)
     n_obs, n_act = envs.obs.shape[1], envs.n_act
     agent = script.Agent(args, n_obs, n_act, device)
