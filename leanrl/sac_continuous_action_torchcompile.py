@@ -94,7 +94,7 @@ def make_envs(env_id, seed, num_envs, video_folder=None, episode_trigger=None):
     return envs
 
 
-class OneEnv:
+class OneEnv:  # trick 13: one env, no vector env
     """One env stepped as make_envs' vector env steps it, without the vector env's batching and info merging (about
     as much host time as a MuJoCo step). Its batched action space draws as the vector env's: a copy of the env's."""
 
@@ -156,7 +156,7 @@ class Actor(nn.Module):
     def get_action(self, x):
         mean, log_std = self(x)
         std = log_std.exp()
-        normal = torch.distributions.Normal(mean, std, validate_args=False)  # validation syncs with the host
+        normal = torch.distributions.Normal(mean, std, validate_args=False)  # trick 7: no host sync (no validation)
         x_t = normal.rsample()  # reparameterization trick: mean + std * N(0,1)
         y_t = torch.tanh(x_t)
         action = y_t * self.action_scale + self.action_bias
@@ -168,7 +168,7 @@ class Actor(nn.Module):
         return action, log_prob, mean
 
 
-class ReplayBuffer:
+class ReplayBuffer:  # trick 6: on-device storage; trick 10: nothing to copy in or out, one fixed batch
     """Rows [obs, action, reward, next_obs, done] of one tensor on the device, sampled uniformly with replacement into
     one fixed batch that the updates read. `stage` copies a step's rows to the device; `push` stores them there."""
 
@@ -212,16 +212,16 @@ class Agent:
 
     def __init__(self, args, n_obs, n_act, action_low, action_high, device):
         self.actor = Actor(n_obs, n_act, action_low, action_high, device=device)
-        # Both Q networks as one stacked {name: tensor of both} (and its target copy), evaluated by qvalues
+        # trick 4: vmapped ensemble, both Q networks as one stacked {name: tensor of both} (and its target copy)
         qf1 = SoftQNetwork(n_obs, n_act, device=device)
         qf2 = SoftQNetwork(n_obs, n_act, device=device)
         self.qnet_params, _ = torch.func.stack_module_state([qf1, qf2])
         self.qnet_target = {name: p.detach().clone() for name, p in self.qnet_params.items()}
         self.qnet = SoftQNetwork(n_obs, n_act, device="meta")  # the structure, without storage
-        capturable = args.cudagraphs and device.type == "cuda"  # Adam's step count on the device, for graphs
+        capturable = args.cudagraphs and device.type == "cuda"  # trick 1: CUDA graphs, Adam's step count on the device
         self.q_optimizer = optim.Adam(self.qnet_params.values(), lr=args.q_lr, capturable=capturable)
         self.actor_optimizer = optim.Adam(list(self.actor.parameters()), lr=args.policy_lr, capturable=capturable)
-        # Automatic entropy tuning; alpha stays a device tensor, which no update reads back to the host
+        # Automatic entropy tuning; trick 7: no host sync, alpha stays a device tensor that no update reads back
         self.target_entropy = -float(n_act)
         self.log_alpha = torch.zeros(1, device=device, requires_grad=True)
         self.a_optimizer = optim.Adam([self.log_alpha], lr=args.q_lr, capturable=capturable)
@@ -274,16 +274,16 @@ def make_update_fns(agent, args, batch):
             agent.alpha.copy_(agent.log_alpha.detach().exp())
         return {"actor_loss": actor_loss.detach(), "alpha_loss": alpha_loss.detach()}
 
-    def update_targets():  # one fused lerp over every target parameter
+    def update_targets():  # trick 5: one lerp for the targets, fused over every target parameter
         sources = [p.detach() for p in agent.qnet_params.values()]
         torch._foreach_lerp_(list(agent.qnet_target.values()), sources, args.tau)
 
     def policy(obs):
-        with torch.no_grad():
+        with torch.no_grad():  # trick 3: act without autograd
             actions, _, _ = agent.actor.get_action(obs)
         return actions
 
-    if args.compile:  # one actor step per compiled function: a graph break inside a loop would run it eagerly
+    if args.compile:  # trick 2: torch.compile; trick 11: compile the body, not the loop (one actor step a function)
         update_critic, actor_step, update_targets, policy = map(
             torch.compile, (update_critic, actor_step, update_targets, policy)
         )
@@ -323,7 +323,7 @@ def make_train_step(rb, update_critic, update_actor, update_targets, args):
     return train_step, stats
 
 
-def make_act(policy, args, n_obs, n_act, device):
+def make_act(policy, args, n_obs, n_act, device):  # trick 10: nothing to copy in or out
     """act(obs) -> actions, numpy arrays, one row per env, through pinned host memory and fixed device tensors; with
     --cudagraphs both copies are in the captured graph: one replay and one wait for the device."""
     pinned = device.type == "cuda"
@@ -336,7 +336,7 @@ def make_act(policy, args, n_obs, n_act, device):
         action_host.copy_(policy(obs_device), non_blocking=True)
 
     if args.cudagraphs:
-        staged = CudaGraphModule(staged, warmup=3 if args.compile else 2)
+        staged = CudaGraphModule(staged, warmup=3 if args.compile else 2)  # trick 1: CUDA graphs
 
     def act(obs):
         obs_host.numpy()[:] = obs  # the previous act's copies are done: it waited for them

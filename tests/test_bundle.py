@@ -1,7 +1,10 @@
-"""leanrl/tools/bundle.py: every training script's bundle, alone in an empty folder, runs as the script does (--help,
-and a tiny CPU run whose speed record names the bundle); the import forms it inlines, on a made-up project; what it
-refuses (a name bound twice, a circular import, bad -o), with one error line and no file written or overwritten."""
+"""leanrl/tools/bundle.py: every training script's bundle, alone in an empty folder, runs as the script does (the same
+--help, and a tiny CPU run whose speed record names the bundle); its layout, algorithm first (Args near the top, each
+import once, the modules pruned to what the script reaches, a single-process script's without torchrun's functions);
+the import forms it inlines and what it moves before the script, on made-up projects; what it refuses (a name bound
+twice, a circular import, bad -o), with one error line and no file written or overwritten."""
 
+import ast
 import io
 import json
 import os
@@ -41,6 +44,9 @@ TINY = {
 TINY |= {f"{name}_torchcompile": run for name, run in TINY.items()}
 # Runs at a time: each is one CPU thread (--torch-threads 1) but for its start, importing torch.
 WORKERS = max(2, os.cpu_count() or 1)
+# Scripts that run in one process (no torchrun): their bundles carry none of the harness's torchrun functions.
+SINGLE_PROCESS = ["dqn", "ppo_continuous_action", "sac_continuous_action", "td3_continuous_action"]
+ARGS_WITHIN, SAC_LINES = 80, 950  # the line `class Args` is on at most; the SAC baseline's bundle's lines at most
 
 
 def bundle_name(name):
@@ -54,10 +60,29 @@ def run_alone(bundle, argv):
                           text=True, timeout=600)  # fmt: skip
 
 
+def script_help(name):
+    """The script's own --help, run as its user runs it from leanrl/."""
+    return subprocess.run([sys.executable, f"{name}.py", "--help"], cwd=SCRIPTS, capture_output=True, text=True,
+                          timeout=600, check=False)  # fmt: skip
+
+
+def bundle_text(name):
+    with redirect_stdout(io.StringIO()) as out, redirect_stderr(io.StringIO()):
+        TOOL.main([str(SCRIPTS / f"{name}.py")])
+    return out.getvalue()
+
+
+def top_level_definitions(text):
+    """The names of a file's top-level functions and classes."""
+    kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    return {node.name for node in ast.parse(text).body if isinstance(node, kinds)}
+
+
 @pytest.fixture(scope="module")
 def bundles(request, tmp_path_factory):
-    """Every script that a selected test names bundled into a folder of its own, then its --help and its tiny run
-    started, all at once (WORKERS at a time, the slow MuJoCo Warp ones first): {name: (error or None, help, run)}."""
+    """Every script that a selected test names bundled into a folder of its own, then its --help, the script's own
+    --help and its tiny run started, all at once (WORKERS at a time, the slow MuJoCo Warp ones first): {name: (error
+    or None, (bundle's help, script's help), run, the bundle's text)}."""
     selected = {item.callspec.params.get("name") for item in request.session.items if hasattr(item, "callspec")}
     pool, started = ThreadPoolExecutor(WORKERS), {}
     for name in sorted(set(NAMES) & selected, key=lambda name: ("gpu_mujoco" not in name, name)):
@@ -66,28 +91,79 @@ def bundles(request, tmp_path_factory):
             with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()) as err:
                 TOOL.main([str(SCRIPTS / f"{name}.py"), "-o", str(bundle)])
         except SystemExit:  # the script is broken (at the moment): its tests fail with the tool's error
-            started[name] = (err.getvalue(), None, None)
+            started[name] = (err.getvalue(), None, None, None)
             continue
         argv = [*TINY[name][0], "--no-cuda", "--no-tensorboard"] if name in TINY else None
         tiny = pool.submit(run_alone, bundle, argv) if argv else None
-        started[name] = (None, pool.submit(run_alone, bundle, ["--help"]), tiny)
+        helps = pool.submit(run_alone, bundle, ["--help"]), pool.submit(script_help, name)
+        started[name] = (None, helps, tiny, bundle.read_text())
     yield started
     pool.shutdown(cancel_futures=True)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_bundle_help(name, bundles):
-    error, help_run, _ = bundles[name]
+    """The bundle's --help, alone in an empty folder, is the script's, but for the name it goes by."""
+    error, (help_run, script_run), _, _ = bundles[name]
     assert error is None, error
-    proc = help_run.result()
+    proc, script = help_run.result(), script_run.result()
     assert proc.returncode == 0, proc.stderr
     assert f"usage: {bundle_name(name)}.py" in proc.stdout and "--save-dir" in proc.stdout
+    assert script.returncode == 0, script.stderr
+    assert proc.stdout == script.stdout.replace(f"usage: {name}.py", f"usage: {bundle_name(name)}.py", 1)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bundle_reads_algorithm_first(name, bundles):
+    """The header, one import block, then the script: its Args near the top; each outside import once, all of them in
+    that block; no project import left; the script's `if __name__` block last."""
+    error, _, _, text = bundles[name]
+    assert error is None, error
+    lines = text.splitlines()
+    assert any(line.startswith("class Args") for line in lines[:ARGS_WITHIN]), f"class Args not within {ARGS_WITHIN}"
+    tree = ast.parse(text)
+    imports = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    first = next(i for i, node in enumerate(tree.body) if not isinstance(node, (ast.Import, ast.ImportFrom)))
+    assert imports == tree.body[:first], "an import after the import block"
+    plain = [(alias.name, alias.asname) for node in imports if isinstance(node, ast.Import) for alias in node.names]
+    froms = [node.module for node in imports if isinstance(node, ast.ImportFrom)]
+    assert len(plain) == len(set(plain)) and len(froms) == len(set(froms)), "an import twice"
+    assert len({alias.asname or alias.name for node in imports for alias in node.names}) == sum(
+        len(node.names) for node in imports)  # fmt: skip
+    assert not {name.split(".")[0] for name, _ in plain} & set(MODULES) and not set(froms) & set(MODULES)
+    assert text.count("\nimport os\n") == 1
+    assert ast.unparse(tree.body[-1].test) == "__name__ == '__main__'"
+    assert next(line for line in lines if line.startswith("# ---- ")) == f"# ---- leanrl/{name}.py: the script"
+    assert text.index("\n# ---- Appendix: ") > text.index("\ndef main(")
+
+
+@pytest.mark.parametrize("name", SINGLE_PROCESS)
+def test_single_process_bundle_has_no_torchrun(name):
+    """A script that runs in one process reaches none of the harness's torchrun functions and classes: its bundle has
+    none (where one is kept, the message says through which names)."""
+    torchrun = top_level_definitions((SCRIPTS / "harness/torchrun.py").read_text())
+    bundler = TOOL.Bundler((SCRIPTS / f"{name}.py").resolve())
+    text = bundler.write(None)
+    left = sorted(torchrun & top_level_definitions(text))
+    why = [" <- ".join(f"{label} [{read}]" if read else label for label, read in bundler.trace(unit))
+           for module in bundler.order if module.name == "harness.torchrun"
+           for unit in bundler.files[module]
+           if unit in bundler.kept and unit.nodes and getattr(unit.nodes[0], "name", None) in left]
+    assert not left, "torchrun functions kept: " + "; ".join(why)
+    assert "# ---- leanrl/harness/torchrun.py" not in text and "import torch.distributed" not in text
+
+
+@pytest.mark.xfail(reason="the harness the SAC baseline reaches is longer than a bundle of 950 lines leaves room for",
+                   raises=AssertionError, strict=True)  # fmt: skip
+def test_sac_bundle_is_short():
+    lines = bundle_text("sac_continuous_action").count("\n")
+    assert lines <= SAC_LINES, f"the SAC baseline's bundle has {lines} lines"
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_bundle_tiny_run(name, bundles):
     assert name in TINY, f"{name}: a new script? give it a tiny run in TINY"
-    error, _, tiny = bundles[name]
+    error, _, tiny, _ = bundles[name]
     assert error is None, error
     proc = tiny.result()
     assert proc.returncode == 0, proc.stderr
@@ -144,11 +220,57 @@ def test_import_forms(tmp_path, capsys):
     assert bundled.returncode == 0, bundled.stderr
     assert bundled.stdout == original.stdout == "22 1 30 10 10 32 ['x']\n"
     text = (alone / "standalone.py").read_text()
-    # Dependencies first, each under its line; the script last and whole, its header comment kept.
+    # The imports; the script, its header comment kept; the modules, each after those it imports, under its line (the
+    # package's __init__, only imports, has nothing left); the names the script imports as its own; its main block.
     heads = [line for line in text.splitlines() if line.startswith("# ---- ")]
-    assert heads == ["# ---- project/pkg/extra.py", "# ---- project/pkg/core.py", "# ---- project/pkg/__init__.py",
-                     "# ---- project/envs_mod.py", "# ---- project/script.py: the script"]  # fmt: skip
-    assert "# The script's own header.\nimport sys\n" in text and "__all__" not in text
+    appendix = "# ---- Appendix: the project modules this script imports (project/pkg/, project/envs_mod.py), pruned"
+    assert heads == ["# ---- project/script.py: the script", f"{appendix} to what it uses",
+                     "# ---- project/pkg/extra.py", "# ---- project/pkg/core.py", "# ---- project/envs_mod.py",
+                     "# ---- project/script.py: its imports of the project's modules, bound after what they name"]
+    assert text.index("import sys\nimport types") < text.index("# The script's own header.\n") < text.index("def main")
+    assert text.count("import sys") == 1 and "__all__" not in text and text.endswith('__main__":\n    main()\n')
+    # A namespace carries the names read of it.
+    assert "envs_mod = types.SimpleNamespace(thing=thing)\nem = types.SimpleNamespace(OFFSET=OFFSET)\n" in text
+
+
+# A script whose top-level statements read names of the modules as they run (a base class through a namespace, a
+# decorator, a default value, a value assigned): those, with what they read, come before it; what it never reaches
+# (a function, an import, a renamed name) is left out; a module's statement run for its effect is kept; an import that
+# follows such a statement stays after it.
+PRELUDE_PROJECT = {
+    "pkg/__init__.py": "",
+    "pkg/base.py": '"""Bases."""\nimport math\nimport os\n\nSTATE = []\nSTATE.append("loaded")\nimport json\n\n\n'
+                   "def helper():\n    return math.pi\n\n\ndef unused():\n    return os.sep\n\n\nclass Base:\n"
+                   "    LIMIT = 3\n\n    def value(self):\n        return helper()\n\n\ndef register(cls):\n"
+                   "    cls.registered = json.dumps(STATE)\n    return cls\n",
+    "pkg/mid.py": "import pkg.base as pb\nfrom pkg.base import register as reg\n\n\nclass Mid(pb.Base):\n"
+                  "    def more(self):\n        return pb.helper() + 1\n",
+    "script.py": '#!/usr/bin/env python\n"""Doc."""\nimport dataclasses\n\nfrom pkg.base import Base, register\n'
+                 "from pkg import mid as M\nfrom pkg.mid import Mid as Middle\n\n\n@register\n@dataclasses.dataclass\n"
+                 "class Args(M.Mid):\n    x: int = Base.LIMIT\n\n\ndef main(y=Middle.LIMIT):\n"
+                 "    print(__doc__, Args().x, Args.registered, round(Args().more(), 2), y)\n\n\n"
+                 'if __name__ == "__main__":\n    main()\n',
+}  # fmt: skip
+
+
+def test_prelude_and_pruning(tmp_path, capsys):
+    write(tmp_path / "project", PRELUDE_PROJECT)
+    (tmp_path / "alone").mkdir()
+    TOOL.main([str(tmp_path / "project/script.py"), "-o", str(tmp_path / "alone/standalone.py")])
+    capsys.readouterr()
+    original = subprocess.run([sys.executable, "script.py"], cwd=tmp_path / "project", capture_output=True, text=True,
+                              check=True)  # fmt: skip
+    bundled = run_alone(tmp_path / "alone/standalone.py", [])
+    assert bundled.returncode == 0, bundled.stderr
+    assert bundled.stdout == original.stdout == 'Doc. 3 ["loaded"] 4.14 3\n'
+    text = (tmp_path / "alone/standalone.py").read_text()
+    assert text.startswith("#!/usr/bin/env python\n# standalone.py: ")
+    assert "def unused" not in text and "reg = " not in text and "import os" not in text
+    assert text.index("# ---- The prelude") < text.index("class Base:") < text.index("M = types.SimpleNamespace(Mid=")
+    assert text.index("M = types") < text.index("Middle = Mid") < text.index("# ---- project/script.py: the script")
+    assert text.index('STATE.append("loaded")\nimport json\n') < text.index("def register")
+    assert "pb = types.SimpleNamespace(helper=helper, Base=Base)" in text
+    assert "Appendix" not in text  # all the script reads, it reads as it runs
 
 
 def test_without_output_the_bundle_goes_to_stdout(tmp_path):

@@ -57,7 +57,15 @@ def setup_distributed(args):
     cuda = torch.cuda.is_available() and args.cuda
     if cuda:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=DIST_TIMEOUT_SECONDS))
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    timeout = datetime.timedelta(seconds=DIST_TIMEOUT_SECONDS)
+    # torchrun's store outlives a restart (--max-restarts): the ranks' addresses go under a prefix of their attempt,
+    # else a restarted rank may read a dead rank's address, written before the restart, and fail to connect.
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), size,
+                          is_master=rank == 0 and not agent_store, timeout=timeout)  # fmt: skip
+    store = dist.PrefixStore(f"attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}", store)
+    dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank, world_size=size, timeout=timeout)
     if differ := digests_differ(hashlib.sha256(json.dumps(asdict(args), sort_keys=True).encode()).hexdigest()):
         fail_on_every_rank(f"ranks {differ} were started with other arguments than rank 0: every rank needs the same")
     if dist.get_rank():

@@ -1,16 +1,30 @@
-"""Make one standalone file of a training script: the project modules it imports inlined above its own text.
+"""Make one standalone file of a training script: its own text first, the project modules it imports after it.
 
     python leanrl/tools/bundle.py leanrl/ppo_continuous_action.py -o my_ppo.py
     python leanrl/tools/bundle.py leanrl/ppo_continuous_action.py > my_ppo.py
     python leanrl/tools/bundle.py ppo_continuous_action.py -o my_ppo.py   # a bare name: leanrl/'s script
 
 The modules are those of the script's folder (leanrl/: the harness package, the GPU env modules, any other module
-or package there) that the script imports, found in its import statements and in theirs, recursively. Each comes
-once, after the modules it imports, under a line naming its file; the script's own text follows, whole. The
-statements that import project modules are left out (`import module as name` becomes a namespace of the module's
-names under that name); everything else is kept as written. A top-level name that two of the files bind to
-different things would make the one file wrong: the tool refuses, naming the name and the files. Exit code 2 with
-one `error:` line for bad input; a file already at the output path is never overwritten without --force.
+or package there) that the script imports, found in its import statements and in theirs, recursively. The bundle
+reads algorithm first:
+
+1. a header comment, then one import block: the outside imports of the script and of every module, each once, sorted
+   as isort does, only those the kept code reads (or that a file runs for their effect: a name its file never reads);
+2. the script as its user knows it, from its header comment and Args to its main, less its imports and its
+   `if __name__ == "__main__":` block;
+3. an appendix: the project modules, each under a `# ---- <file>` line after the modules it imports, pruned to what
+   the script reaches: a def, class or assignment to names is kept only where a name it binds is read by the script
+   or by what is kept already, across the modules (any other top-level statement runs for its effect: kept);
+4. the names the script imports under names of its own (`import module as name`: a namespace of the module's names
+   that the kept code reads), after what they name, then the script's `if __name__ == "__main__":` block.
+
+What the script's own top-level statements read of the modules as they run (a base class, a decorator, a default
+value, an assigned value) comes in a prelude before the script, with everything it reads. An import of a module that
+follows a statement run for its effect stays after it. The statements that import project modules are left out
+(`from module import name as alias` becomes `alias = name`); everything else is kept as written. A top-level name
+that two of the files bind to different things would make the one file wrong: the tool refuses, naming the name and
+the files. Exit code 2 with one `error:` line for bad input; a file already at the output path is never overwritten
+without --force.
 
 -o names the script: the speed record's "script" and the checkpoint files take the bundle's file name (my_ppo.py:
 "my_ppo", my_ppo.pt), as they take the script's. Without -o the bundle goes to stdout, and what it reports to stderr.
@@ -24,6 +38,7 @@ import re
 import symtable
 import sys
 import tempfile
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,6 +70,28 @@ class Module:
     @property
     def package(self):
         return self.name if self.is_package else self.name.rpartition(".")[0]
+
+
+@dataclass(eq=False)
+class Unit:
+    """A top-level statement of a file (or a few that share a line), with the blank lines and comments above it."""
+
+    module: Module
+    nodes: list
+    first: int  # its first line (index), the comments above it included
+    last: int
+    # "import": an outside import, merged into the bundle's imports; "project": an import of a project module;
+    # "definition": a def, a class, an assignment to names, kept where reached; "statement": any other, always kept;
+    # "doc", "head": the file's docstring, the comments above its first import; "main": the script's
+    # `if __name__ == "__main__":`; "future", "all": left out.
+    kind: str
+    binds: set = field(default_factory=set)  # the top-level names it binds
+    refs: set = field(default_factory=set)  # the global names its code reads, its project imports aside
+    now: set = field(default_factory=set)  # those it reads as it runs, not when its functions are called
+    chains: dict = field(default_factory=dict)  # namespace name -> the attribute chains read of it: {("name",), ()}
+    nested: list = field(default_factory=list)  # its project imports inside: (statement, its statement list, project)
+    project: list = field(default_factory=list)  # a "project" unit's [(alias, binding)]
+    every_import: set = field(default_factory=set)  # the ids of its file's project import statements
 
 
 class Bundler:
@@ -300,43 +337,223 @@ class Bundler:
                         return True
         return False
 
-    def namespace(self, module, emitted, column, indent):
-        """`types.SimpleNamespace(...)` of a module's names and of its submodules inlined so far, as it reads from
-        `column` on, in a statement indented by `indent`."""
-        names = [n for n in module.bindings if not n.startswith("__")]
-        parts = [f"{n}={n}" for n in names]
-        for sub in emitted:
-            parent, _, short = sub.name.rpartition(".")
-            if parent == module.name and short not in names:
-                parts.append(f"{short}={self.namespace(sub, emitted, indent + 5 + len(short), indent + 4)}")
-        return wrap("types.SimpleNamespace(", parts, ")", column, indent)
+    # ---- the bundle's text: the files cut into units, what the script reaches, the layout
 
-    def text(self, module, emitted):
-        """The module's source without its project imports (and, for a module, its __all__ and future imports)."""
-        lines = module.source.splitlines()
-        dropped = [(node, body, project) for node, body, project, _ in module.imports]
-        if module is not self.script:
-            dropped += [(node, module.tree.body, []) for node in module.tree.body if is_all(node)]
-        dropped += [(node, module.tree.body, []) for node in module.tree.body if is_future(node)]
-        removed = {id(node) for node, _, _ in dropped}
-        replace = {}  # first line index -> (last line index, replacement lines)
-        if module is self.script and module.source.startswith("#!"):
-            replace[0] = (0, [])  # the bundle's first line
-        if module is self.script and ast.get_docstring(module.tree, clean=False) is not None:
-            # No longer the file's first statement: set as the bundle's __doc__, which is the script's.
-            line, column = module.tree.body[0].lineno - 1, module.tree.body[0].col_offset
-            lines[line] = f"{lines[line][:column]}__doc__ = {lines[line][column:]}"
-        for node, body, project in dropped:
+    def units(self, module):
+        """The file's top-level statements as units (statements that share a line: one unit), each with the blank
+        lines and comments above it; the lines above the first statement, when that one moves (an import): a unit of
+        their own, the file's head."""
+        lines, body, groups = module.source.splitlines(), module.tree.body, []
+        for node in body:
+            if groups and first_line(node) <= groups[-1][-1].end_lineno:
+                groups[-1].append(node)
+            else:
+                groups.append([node])
+        top_imports = {id(node) for node, *_ in module.imports if any(node is n for n in body)}
+        every_import = {id(node) for node, *_ in module.imports}
+        nested = [(node, block, project) for node, block, project, _ in module.imports if id(node) not in top_imports]
+        for node, block, _ in nested:
             span = {node.lineno, node.end_lineno}
-            if any(n is not node and {n.lineno, n.end_lineno} & span for n in body) or lines[node.lineno - 1][
+            if any(n is not node and {n.lineno, n.end_lineno} & span for n in block) or lines[node.lineno - 1][
                     : node.col_offset].strip():  # fmt: skip
                 raise BundleError(f"{self.shown(module.path)}:{node.lineno}: put this import on a line of its own")
-            new = self.replacement(node, project, emitted)
-            if not new and node is body[0] and body is not module.tree.body and all(id(n) in removed for n in body):
+        units, start, effect = [], 0, False
+        for index, group in enumerate(groups):
+            node = group[0]
+            imports = [n for n in group if isinstance(n, (ast.Import, ast.ImportFrom))]
+            if imports and len(group) > 1:
+                where = f"{self.shown(module.path)}:{imports[0].lineno}"
+                raise BundleError(f"{where}: put this import on a line of its own")
+            if len(group) > 1:
+                kind = "definition" if all(is_definition(n) for n in group) else "statement"
+            elif is_future(node):
+                kind = "future"
+            elif id(node) in top_imports:
+                kind = "project"
+            elif imports:  # one that follows a statement run for its effect stays after it
+                kind = "statement" if effect else "import"
+            elif index == 0 and is_docstring(node):
+                kind = "doc"
+            elif module is self.script and is_main_block(node):
+                kind = "main"
+            elif module is not self.script and is_all(node):
+                kind = "all"  # the module's import interface, which the bundle has not
+            else:
+                kind = "definition" if is_definition(node) else "statement"
+            effect = effect or kind == "statement"
+            if index == 0 and kind in ("import", "project", "future") and first_line(node) > 1:
+                units.append(Unit(module, [], 0, first_line(node) - 2, "head"))
+                start = first_line(node) - 1
+            last = len(lines) - 1 if index == len(groups) - 1 else group[-1].end_lineno - 1
+            unit = Unit(module, group, start, last, kind)
+            start = last + 1
+            unit.nested = [n for n in nested if unit.first <= n[0].lineno - 1 <= unit.last]
+            unit.every_import = every_import
+            if kind == "project":  # a unit for each name it binds: what the script reaches of it is kept
+                for alias, binding in next(project for n, _, project, _ in module.imports if n is node):
+                    binds = set(self.imported(module, node, alias, binding))
+                    units.append(Unit(module, group, unit.first, unit.last, kind, binds, project=[(alias, binding)]))
+                continue
+            if kind in ("definition", "statement", "main"):
+                unit.binds = {name for n in group for name in bound_names(n)} | {n for n, _ in declared_globals(
+                    ast.Module(body=group, type_ignores=[]))}  # fmt: skip
+                code = ast.unparse(ast.Module(body=group, type_ignores=[]))
+                unit.refs = referenced_globals(code, module.path)
+                unit.now = set().union(*(import_time_names(n, "annotations" in module.future) for n in group))
+                unit.chains = attribute_chains(group, self.namespace_names)
+            units.append(unit)
+        if not units and lines:
+            units.append(Unit(module, [], 0, len(lines) - 1, "head"))
+        return units
+
+    def refs(self, unit):
+        """The global names a unit reads, those of its project imports made names of this file (a namespace: those of
+        its names that the kept code reads) included."""
+        names = set(unit.refs)
+        for _, _, project in unit.nested + ([(None, None, unit.project)] if unit.project else []):
+            for alias, binding in project:
+                if binding[0] == "from" and (binding[2] in binding[1].bindings or binding[3] is None):
+                    names.add(binding[2])
+                elif binding[0] != "star":
+                    module = binding[1] if binding[0] == "module" else binding[3]
+                    names |= self.member_names(module, self.used.get(alias, set()))
+        return names
+
+    def closure(self, roots, enter=lambda unit: True):
+        """The units that bind the names of `roots` ((name, the unit that reads it) pairs), and those that bind the
+        names they read, on and on: {unit: (the unit it was reached from, the name)}, breadth first."""
+        reached, queue = {}, deque(roots)
+        while queue:
+            name, origin = queue.popleft()
+            for unit in self.binders.get(name, ()):
+                if unit not in reached and enter(unit):
+                    reached[unit] = (origin, name)
+                    queue += [(n, unit) for n in sorted(self.refs(unit))]
+        return reached
+
+    def layout(self):
+        """Cut the files into units, keep what the script reaches, place what its top-level code needs as it runs
+        before it (the prelude)."""
+        self.namespace_names = {alias for m in self.order + [self.script] for _, _, project, _ in m.imports
+                                for alias, binding in project if binding[0] == "module"
+                                or (binding[0] == "from" and binding[2] not in binding[1].bindings)}  # fmt: skip
+        self.files = {module: self.units(module) for module in self.order + [self.script]}
+        self.binders, self.used = {}, {}
+        for units in self.files.values():
+            for unit in units:
+                if unit.kind in ("definition", "statement", "project", "main"):
+                    for name in unit.binds:
+                        self.binders.setdefault(name, []).append(unit)
+        # The script's own statements first: the names they read are traced to them (trace()), not to its imports.
+        script_units = sorted((u for u in self.files[self.script] if u.kind not in ("import", "future")),
+                              key=lambda u: u.kind == "project")  # fmt: skip
+        always = script_units + [u for m in self.order for u in self.files[m] if u.kind == "statement"]
+        fixed = set(always)
+        while True:  # the names kept namespaces carry depend on what is kept: until that settles
+            roots = [(name, unit) for unit in always for name in sorted(self.refs(unit))]
+            self.reached = self.closure(roots, lambda unit: unit not in fixed)
+            self.kept = set(always) | set(self.reached)
+            used = {}
+            for unit in self.kept:
+                for alias, chains in unit.chains.items():
+                    used.setdefault(alias, set()).update(chains)
+            if used == self.used:
+                break
+            self.used = used
+        # What the script's own statements read as they run (a base class, a decorator, a default, a value): the
+        # units that bind it, and all they read, before the script.
+        own = [u for u in script_units if u.kind in ("definition", "statement")]
+        movable = lambda unit: unit.module is not self.script or unit.kind == "project"
+        self.prelude = set(self.closure([(name, u) for u in own for name in sorted(u.now)], movable))
+        # The statements a module runs for their effect before what the prelude holds ran before it, as they do here.
+        order = {unit: (i, j) for i, units in enumerate(self.files.values()) for j, unit in enumerate(units)}
+        while self.prelude:
+            last = max(order[u] for u in self.prelude)
+            effects = [u for m in self.order for u in self.files[m] if u.kind == "statement" and order[u] < last
+                       and u not in self.prelude]  # fmt: skip
+            if not effects:
+                break
+            self.prelude |= set(effects) | set(self.closure([(n, u) for u in effects for n in self.refs(u)], movable))
+        self.referenced = set().union(*(self.refs(u) for u in self.kept))
+
+    def trace(self, unit):
+        """Why a unit is kept: [(its label, the name it was reached by)], the script's statement that reads it last."""
+        chain = []
+        while unit in self.reached:
+            origin, name = self.reached[unit]
+            chain.append((self.label(unit), name))
+            unit = origin
+        return chain + [(self.label(unit), None)]
+
+    def label(self, unit):
+        node = unit.nodes[0] if unit.nodes else None
+        name = getattr(node, "name", None) or ", ".join(sorted(unit.binds)) or f"line {unit.first + 1}"
+        return f"{self.shown(unit.module.path)}:{name}"
+
+    def kept_definitions(self, module):
+        """The names of the module's functions and classes the bundle keeps."""
+        return [u.nodes[0].name for u in self.files[module] if u in self.kept and hasattr(u.nodes[0], "name")]
+
+    def member_names(self, module, used):
+        names = set()
+        for name, sub, sub_used in self.members(module, used):
+            names |= {name} if sub is None else self.member_names(sub, sub_used)
+        return names
+
+    def members(self, module, used):
+        """What the namespace of a module carries: the names that the kept code reads from it (`alias.name`), all of
+        them where it uses the namespace itself; its submodules inlined, as namespaces: [(name, submodule or None,
+        what is read of the submodule)]."""
+        whole, read = () in used, {chain[0] for chain in used if chain}
+        out = [(n, None, None) for n in module.bindings if not n.startswith("__") and (whole or n in read)]
+        for sub in self.order:
+            parent, _, short = sub.name.rpartition(".")
+            if parent == module.name and short not in module.bindings and (whole or short in read):
+                out.append((short, sub, {()} if whole else {chain[1:] for chain in used if chain[0] == short}))
+        return out
+
+    def namespace(self, module, used, column, indent):
+        """`types.SimpleNamespace(...)` of the module's names the kept code reads, as it reads from `column` on, in a
+        statement indented by `indent`."""
+        self.namespaced = True
+        parts = []
+        for name, sub, sub_used in self.members(module, used):
+            value = name if sub is None else self.namespace(sub, sub_used, indent + 5 + len(name), indent + 4)
+            parts.append(f"{name}={value}")
+        return wrap("types.SimpleNamespace(", parts, ")", column, indent)
+
+    def replacement(self, column, project):
+        """The lines that stand for a project import: a namespace for a module, `alias = name` for a renamed name."""
+        indent, new = " " * column, []
+        for alias, binding in project:
+            if binding[0] == "from" and (binding[2] in binding[1].bindings or binding[3] is None):
+                new += [f"{indent}{alias} = {binding[2]}"] if alias != binding[2] else []
+            elif binding[0] != "star":  # a module, or a submodule named in `from package import`
+                module = binding[1] if binding[0] == "module" else binding[3]
+                used = self.used.get(alias, set())
+                new.append(f"{indent}{alias} = {self.namespace(module, used, column + len(alias) + 3, column)}")
+        return "\n".join(new).splitlines()
+
+    def render(self, unit):
+        """A unit's text: its lines, with the comments above it, its project imports replaced; "" for nothing."""
+        module, lines = unit.module, unit.module.source.splitlines()
+        if unit.kind == "project":
+            new = self.replacement(0, unit.project)
+            return "\n".join(new)
+        replace = {}  # first line index -> (last line index, replacement lines)
+        if module is self.script and unit.first == 0 and module.source.startswith("#!"):
+            replace[0] = (0, [])  # the bundle's first line
+        if module is self.script and unit.kind == "doc":
+            # No longer the file's first statement: set as the bundle's __doc__, which is the script's.
+            line, column = unit.nodes[0].lineno - 1, unit.nodes[0].col_offset
+            replace[line] = (line, [f"{lines[line][:column]}__doc__ = {lines[line][column:]}"])
+        for node, block, project in unit.nested:
+            new = self.replacement(node.col_offset, project)
+            if not new and node is block[0] and all(id(n) in unit.every_import for n in block):
                 new = [" " * node.col_offset + "pass"]  # a block of nothing but project imports
             replace[node.lineno - 1] = (node.end_lineno - 1, new)
-        out, i = [], 0
-        while i < len(lines):
+        out, i = [], unit.first
+        while i <= unit.last:
             if i not in replace:
                 out.append(lines[i])
                 i += 1
@@ -344,44 +561,111 @@ class Bundler:
             last, new = replace[i]
             out += new
             i = last + 1
-            if not new and out and not out[-1].strip() and i < len(lines) and not lines[i].strip():
+            if not new and out and not out[-1].strip() and i <= unit.last and not lines[i].strip():
                 i += 1  # a blank line before and after what was removed: one is enough
-        text = re.sub(r"\n{4,}", "\n\n\n", "\n".join(out).strip("\n"))
-        return text + "\n"
+        return "\n".join(out)
 
-    def replacement(self, node, project, emitted):
-        """The lines that stand for a project import: a namespace for a module, `alias = name` for a renamed name."""
-        indent, new = " " * node.col_offset, []
-        for alias, binding in project:
-            column = node.col_offset + len(alias) + 3
-            if binding[0] == "from" and (binding[2] in binding[1].bindings or binding[3] is None):
-                new += [f"{indent}{alias} = {binding[2]}"] if alias != binding[2] else []
-            elif binding[0] != "star":  # a module, or a submodule named in `from package import`
-                module = binding[1] if binding[0] == "module" else binding[3]
-                new.append(f"{indent}{alias} = {self.namespace(module, emitted, column, node.col_offset)}")
-        return "\n".join(new).splitlines()
+    def section(self, heading, units):
+        """Units under a `# ---- ` heading, their blank lines as in their files (at most two in a row); "" for none."""
+        texts = [text for text in map(self.render, units) if text.strip()]
+        if not texts:
+            return ""
+        text = re.sub(r"\n{4,}", "\n\n\n", "\n".join(texts).strip("\n"))
+        return "\n".join(heading) + "\n" + text + "\n"
+
+    def import_block(self):
+        """The files' outside imports that the kept code reads (or that it runs for their effect: a name no code of
+        its file reads), each once, sorted as isort does: the standard library's, then the others."""
+        plain, froms = set(), {}
+        for units in self.files.values():
+            for unit in units:
+                if unit.kind != "import":
+                    continue
+                node = unit.nodes[0]
+                for alias in node.names:
+                    bound = alias.asname or (alias.name.split(".")[0] if isinstance(node, ast.Import) else alias.name)
+                    if bound not in self.referenced and bound in unit.module.referenced:
+                        continue
+                    if isinstance(node, ast.Import):
+                        plain.add((alias.name, alias.asname))
+                    else:
+                        froms.setdefault("." * node.level + (node.module or ""), set()).add((alias.name, alias.asname))
+        namespaces = self.namespaced and ("types", None) not in plain
+        plain |= {("types", None)} if namespaces else set()
+
+        def section(name):
+            return 2 if name.startswith(".") else 0 if name.split(".")[0] in sys.stdlib_module_names else 1
+
+        def by_type(pair):  # constants, classes, then the rest, as isort orders a from-import's names
+            name, kind = pair[0], 0 if pair[0].isupper() and len(pair[0]) > 1 else 1 if pair[0][:1].isupper() else 2
+            return kind, name.lower(), name, pair[1] or ""
+
+        blocks = []
+        for number in range(3):
+            block = []
+            plain_here = [p for p in plain if section(p[0]) == number]
+            for name, asname in sorted(plain_here, key=lambda p: (p[0].lower(), p[0], p[1] or "")):
+                block.append(f"import {name}" + (f" as {asname}" if asname else ""))
+                block[-1] += "  # the namespaces of `import module`" if namespaces and name == "types" else ""
+            for name in sorted((m for m in froms if section(m) == number), key=lambda m: (m.lower(), m)):
+                names = [n + (f" as {a}" if a else "") for n, a in sorted(froms[name], key=by_type)]
+                line = f"from {name} import {', '.join(names)}"
+                block.append(line if len(line) <= WIDTH else f"from {name} import (\n" + "".join(
+                    f"    {n},\n" for n in names) + ")")  # fmt: skip
+            blocks += ["\n".join(block)] if block else []
+        return "\n\n".join(blocks)
 
     def write(self, output):
         """The bundle's text; output: the file it goes to, or None for stdout."""
         self.sort()
         self.bindings()
         self.check()
-        name, shebang = output.name if output else "<bundle>.py", self.script.source.startswith("#!")
-        header = [self.script.source.splitlines()[0]] if shebang else []
-        header += wrap_comment(f"{name}: {self.shown(self.script.path)} made standalone by leanrl/tools/bundle.py. The "
-                               "project modules it imports come first, each under a `# ---- <file>` line; the script "
-                               f"follows, whole but for its imports of them. Run it as the script: python {name}")
+        self.layout()
+        self.namespaced = False
+        name, script = output.name if output else "<bundle>.py", self.shown(self.script.path)
+        prelude, appendix, shown = [], [], []
+        for module in self.order:  # a module's docstring comes with what is kept of it, if anything
+            kept = [u for u in self.files[module] if u.kind in ("doc", "head") or u in self.kept and u.kind != "all"]
+            before = [u for u in kept if u in self.prelude]
+            if before:
+                prelude.append(self.section([f"# ---- {self.shown(module.path)}"], before))
+            rest = [u for u in kept if u not in self.prelude]
+            if any(u.kind not in ("doc", "head") and self.render(u).strip() for u in rest):
+                top = module.name.split(".")[0]
+                folder = self.shown(module.path.parent) + "/" if module.name != top or module.is_package else None
+                shown += [folder or self.shown(module.path)]
+                appendix.append(self.section([f"# ---- {self.shown(module.path)}"], rest))
+        units = self.files[self.script]
+        own = [u for u in units if u.kind in ("head", "doc", "definition", "statement")]
+        imports = [u for u in units if u.kind == "project"]
+        if any(u in self.prelude for u in imports):
+            prelude.append(self.section([f"# ---- {script}: its imports of the project's modules"],
+                                        [u for u in imports if u in self.prelude]))  # fmt: skip
+        if prelude:
+            heading = wrap_comment("---- The prelude: what the script's own statements read of the project modules as "
+                                   "they run (a base class, a decorator, a default value), with all it reads; the rest "
+                                   "is in the appendix")  # fmt: skip
+            prelude.insert(0, "\n".join(heading) + "\n")
+        tail = self.section([f"# ---- {script}: its imports of the project's modules, bound after what they name"],
+                            [u for u in imports if u not in self.prelude])  # fmt: skip
+        listed = ", ".join(dict.fromkeys(shown))
+        parts = [*prelude, self.section([f"# ---- {script}: the script"], own)]
+        if appendix:
+            heading = wrap_comment(f"---- Appendix: the project modules this script imports ({listed}), pruned to "
+                                   "what it uses")  # fmt: skip
+            parts += ["\n".join(heading) + "\n", *appendix]
+        parts += [tail, *[self.render(u).strip("\n") + "\n" for u in units if u.kind == "main"]]
+        header = [self.script.source.splitlines()[0]] if self.script.source.startswith("#!") else []
+        header += wrap_comment(f"{name}: {script} made standalone by leanrl/tools/bundle.py, to run alone as the "
+                               f"script does (python {name}, the same flags and output): the imports of all the files "
+                               "it takes in, merged; the script, from its Args to its main; the project modules it "
+                               "imports; its `if __name__ == \"__main__\":` block.")  # fmt: skip
+        header += ["# The harness appendix, pruned to what the script uses, is at the end."] if appendix else []
         future = sorted(self.script.future)
-        if future:
-            header.append(f"from __future__ import {', '.join(future)}")
-        if self.uses_namespaces():
-            header.append("import types  # the namespaces of `import module`")
-        parts, emitted = ["\n".join(header) + "\n"], []
-        for module in self.order:
-            parts.append(f"# ---- {self.shown(module.path)}\n" + self.text(module, emitted))
-            emitted.append(module)
-        parts.append(f"# ---- {self.shown(self.script.path)}: the script\n" + self.text(self.script, emitted))
-        bundle = "\n\n".join(parts)
+        header += [f"from __future__ import {', '.join(future)}"] if future else []
+        imports = self.import_block()
+        top = "\n".join(header) + "\n" + (f"{imports}\n" if imports else "")
+        bundle = top + "\n" + "\n\n".join(part for part in parts if part)  # one blank line after imports, as isort
         try:
             compile(bundle, name, "exec")
         except SyntaxError as e:  # the tool's own mistake; the file is not written
@@ -438,6 +722,97 @@ def referenced_globals(source, path):
     return names
 
 
+def first_line(node):
+    """The first line of a statement, its decorators included."""
+    return min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+
+
+def is_definition(node):
+    """A def, a class, or an assignment to names only: kept only where the script reaches the names it binds."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return True
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+        node, (ast.AnnAssign, ast.AugAssign)) else None  # fmt: skip
+    return targets is not None and all(isinstance(n, ast.Name) for t in targets for n in names_of_target(t))
+
+
+def names_of_target(target):
+    """The nodes an assignment target is made of: a name, or the parts of a tuple or list of them."""
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [n for element in target.elts for n in names_of_target(element)]
+    return names_of_target(target.value) if isinstance(target, ast.Starred) else [target]
+
+
+def is_docstring(node):
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+
+
+def is_main_block(node):
+    test = getattr(node, "test", None)
+    return (isinstance(node, ast.If) and isinstance(test, ast.Compare) and isinstance(test.left, ast.Name)
+            and test.left.id == "__name__" and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)
+            and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value == "__main__")  # fmt: skip
+
+
+def bound_names(node):
+    """The top-level names a top-level statement binds (inside if, try, for, with blocks too)."""
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return {a.asname or (a.name.split(".")[0] if isinstance(node, ast.Import) else a.name) for a in node.names}
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    names = set(stored_names(node))
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.stmt):
+            names |= bound_names(child)
+        elif isinstance(child, (ast.excepthandler, ast.match_case)):
+            names |= {child.name} if getattr(child, "name", None) else set()
+            names |= {name for statement in child.body for name in bound_names(statement)}
+    return names
+
+
+def import_time_names(node, lazy_annotations):
+    """The names a top-level statement reads as it runs: a def's decorators, defaults and annotations, a class's
+    bases and body, any other statement whole; not what functions (and lambdas) read when they are called."""
+    names = set()
+
+    def visit(n):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            args = n.args
+            now = [*getattr(n, "decorator_list", []), *args.defaults, *[d for d in args.kw_defaults if d]]
+            if not lazy_annotations and not isinstance(n, ast.Lambda):
+                every = [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
+                now += [a.annotation for a in every if a is not None and a.annotation]
+                now += [n.returns] if n.returns else []
+            return [visit(child) for child in now]
+        if isinstance(n, ast.AnnAssign) and lazy_annotations:
+            return [visit(child) for child in (n.target, n.value) if child]
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+            names.add(n.id)
+        for child in ast.iter_child_nodes(n):
+            visit(child)
+
+    visit(node)
+    return names
+
+
+def attribute_chains(nodes, watched):
+    """{name: the attribute chains read of it} for the watched names (`ns.a.b` -> ("a", "b"); `ns` alone -> ())."""
+    parents, chains = {}, {}
+    for node in nodes:
+        for parent in ast.walk(node):
+            for child in ast.iter_child_nodes(parent):
+                parents[child] = parent
+    for node in nodes:
+        for name in ast.walk(node):
+            if isinstance(name, ast.Name) and name.id in watched and isinstance(name.ctx, ast.Load):
+                chain, current = [], name
+                while isinstance(parents.get(current), ast.Attribute) and parents[current].value is current:
+                    current = parents[current]
+                    chain.append(current.attr)
+                chains.setdefault(name.id, set()).add(tuple(chain))
+    return chains
+
+
 def explicit_all(module):
     for node in module.tree.body:
         if is_all(node) and isinstance(node.value, (ast.List, ast.Tuple)):
@@ -490,9 +865,10 @@ def fail(message):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        description="Write one standalone file of a training script: the project modules it imports (the harness, "
-        "the GPU env modules, any module or package of its folder) inlined above its own text. The file runs alone, "
-        "copied anywhere, with the script's flags and output.",
+        description="Write one standalone file of a training script that reads algorithm first: the imports of all "
+        "its files, merged; the script itself, from its Args to its main; then an appendix of the project modules it "
+        "imports (the harness, the GPU env modules, any module or package of its folder), pruned to what the script "
+        "uses. The file runs alone, copied anywhere, with the script's flags and output.",
     )
     parser.add_argument("script", type=Path, help="the training script, e.g. leanrl/ppo_continuous_action.py (or "
                         "its bare name, ppo_continuous_action.py or ppo_continuous_action, from any folder)")
