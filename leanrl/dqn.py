@@ -68,8 +68,10 @@ def make_env(env_id, seed, video_folder=None, episode_trigger=None):
             fail(f"cannot make env {env_id!r}: {e}")
         if not isinstance(env.action_space, gym.spaces.Discrete):
             fail(f"{env_id} has a {type(env.action_space).__name__} action space; DQN needs a discrete one")
-        if len(env.observation_space.shape) != 1:
-            fail(f"{env_id} has observations of shape {env.observation_space.shape}; DQN's MLP needs flat ones")
+        if not isinstance(env.observation_space, gym.spaces.Box) or len(env.observation_space.shape) != 1:
+            space = env.observation_space
+            shape = f" of shape {space.shape}" if isinstance(space, gym.spaces.Box) else ""
+            fail(f"--env-id {env_id} has a {type(space).__name__} observation space{shape}; DQN's MLP needs a flat Box")
         if video_folder:
             env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=episode_trigger, disable_logger=True)
         env = gym.wrappers.RecordEpisodeStatistics(env)

@@ -3,7 +3,6 @@
 import copy
 import random
 import sys
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,25 +12,12 @@ import torch.nn as nn
 import torch.optim as optim
 from torch.distributions.normal import Normal
 
-from harness import (
-    Run,
-    RunOptions,
-    agree,
-    agree_to_stop,
-    average_gradients,
-    check_ranks_agree,
-    exit_code,
-    fail,
-    join_ranks,
-    parse_args,
-    setup_distributed,
-    world,
-)
+from harness import Run, agree, average, exit_code, fail, flat_gradients, parse_args, setup_distributed, world
 from mujoco_warp_envs import ENVS, Envs, RunningMeanStd, gymnasium_env, saved_obs_rms
 
 
 @dataclass
-class Args(RunOptions):
+class Args:  # the algorithm's flags; parse_args adds the run options every script shares (docs/contract.md)
     env_id: str = "HalfCheetah-v5"
     """the id of the environment: HalfCheetah-v5, Hopper-v5, Walker2d-v5, Ant-v5 or Humanoid-v5"""
     total_timesteps: int = 100000000
@@ -127,6 +113,9 @@ class Agent:
     def __init__(self, args, n_obs, n_act, device):
         self.net = ActorCritic(n_obs, n_act, device=device)
         self.optimizer = optim.Adam(self.net.parameters(), lr=args.learning_rate, eps=1e-5)
+        self.grads = None
+        if dist.is_initialized():  # the gradients as views into one flat buffer, averaged in place
+            self.grads = flat_gradients(self.net.parameters())
 
 
 def pool_statistics(running, agreed):
@@ -194,10 +183,10 @@ def make_update_fns(agent, args):
             v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
         entropy_loss = entropy.mean()
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-        agent.optimizer.zero_grad()
+        agent.optimizer.zero_grad(set_to_none=agent.grads is None)  # the flat buffer's views stay
         loss.backward()
         if dist.is_initialized():
-            average_gradients(agent.net.parameters())
+            average(agent.grads)
         grad_norm = nn.utils.clip_grad_norm_(agent.net.parameters(), args.max_grad_norm)
         agent.optimizer.step()
         outputs = (pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac, grad_norm)
@@ -245,59 +234,60 @@ def train(args, run):
     global_step = run.start(state, total_steps=num_iterations * steps_per_iteration,
                             warmup_steps=WARMUP_ITERATIONS * steps_per_iteration,
                             profile_steps=PROFILE_ITERATIONS * steps_per_iteration,
-                            env_steps_per_call=args.num_envs * world_size)  # fmt: skip
+                            env_steps_per_call=args.num_envs * world_size, replicated=agent.net)  # fmt: skip
     if world_size > 1:
-        join_ranks(run, agent.net, args, global_step)
         # The normalisation statistics as the ranks last agreed on them: a fresh RunningMeanStd's at the start, the
         # checkpoint's on resume; each rank's envs update their own until the iteration's end pools them.
         running = (envs.obs_rms, envs.return_rms)
         agreed = copy.deepcopy(running) if global_step else [RunningMeanStd(r.mean.shape, device) for r in running]
     next_obs, next_done = envs.obs, envs.done  # the envs' own tensors, which each step updates in place
-    first_step, t_loop = global_step, time.perf_counter()
     # A checkpoint is written as an iteration begins: a resumed run goes on with the iteration after its steps.
     for iteration in range(global_step // steps_per_iteration + 1, num_iterations + 1):
-        run.unit(global_step)
-        with phase("update"):
-            if args.anneal_lr:
-                frac = 1.0 - (iteration - 1.0) / num_iterations
-                agent.optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+        if not run.proceed(global_step):  # Ctrl-C, SIGTERM or a loss gone NaN: saved, the loop ends here
+            break
+        phase("update")
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / num_iterations
+            agent.optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
         for step in range(args.num_steps):
             global_step += args.num_envs * world_size
-            with phase("data"):
-                rollout.obs[step] = next_obs
-                rollout.dones[step] = next_done
-            with phase("policy"), torch.no_grad():
+            phase("data")
+            rollout.obs[step] = next_obs
+            rollout.dones[step] = next_done
+            phase("policy")
+            with torch.no_grad():
                 action, logprob, _, value = agent.net.get_action_and_value(next_obs)
-            with phase("data"):
-                rollout.values[step] = value.flatten()
-                rollout.actions[step] = action
-                rollout.logprobs[step] = logprob
-            with phase("env_step"):
-                next_obs, reward, next_done, final_obs, truncated = envs.step(action)
-            with phase("policy"), torch.no_grad():  # a time limit: bootstrapped with V(final observation)
+            phase("data")
+            rollout.values[step] = value.flatten()
+            rollout.actions[step] = action
+            rollout.logprobs[step] = logprob
+            phase("env_step")
+            next_obs, reward, next_done, final_obs, truncated = envs.step(action)
+            phase("policy")
+            with torch.no_grad():  # a time limit: bootstrapped with V(final observation)
                 reward = reward + args.gamma * agent.net.critic(final_obs).flatten() * truncated
-            with phase("data"):
-                rollout.rewards[step] = reward
-            with phase("other"):
-                if rank == 0:  # rank 0 alone shows progress
-                    run.tick(global_step)
+            phase("data")
+            rollout.rewards[step] = reward
+            phase("other")
+            if rank == 0:  # rank 0 alone shows progress
+                run.tick(global_step)
 
-        with phase("update"):
-            advantages, rets = gae(next_obs, next_done, rollout.rewards, rollout.values, rollout.dones)
+        phase("update")
+        advantages, rets = gae(next_obs, next_done, rollout.rewards, rollout.values, rollout.dones)
 
         # the batch, each env's steps one after another: obs, actions, logprobs, advantages, returns, values
         batch = (rollout.obs, rollout.actions, rollout.logprobs, advantages, rets, rollout.values)
         batch = [x.flatten(0, 1) for x in batch]
         b_inds = np.arange(batch_size)
         for epoch in range(args.update_epochs):
-            with phase("data"):
-                np.random.shuffle(b_inds)
+            phase("data")
+            np.random.shuffle(b_inds)
             for start in range(0, batch_size, minibatch_size):
-                with phase("data"):
-                    minibatch = [b[b_inds[start : start + minibatch_size]] for b in batch]
-                with phase("update"):
-                    stats = update(*minibatch)
+                phase("data")
+                minibatch = [b[b_inds[start : start + minibatch_size]] for b in batch]
+                phase("update")
+                stats = update(*minibatch)
             # Every rank stops its epochs at the same one, by the ranks' mean KL: the all-reduces must pair up.
             approx_kl = stats["approx_kl"]
             if args.target_kl is not None and world_size > 1:
@@ -305,26 +295,22 @@ def train(args, run):
             if args.target_kl is not None and approx_kl > args.target_kl:
                 break
 
-        with phase("other"):
-            # The episodes that ended in this rollout count as one, their mean: thousands end per rollout with
-            # many envs. Read back in one sync.
-            ended, return_sum, length_sum = envs.ended_episodes().tolist()
-            if ended and rank == 0:  # rank 0 alone counts returns: of its own envs, as CleanRL does
-                run.episode(global_step, return_sum / ended, length_sum / ended)
-            # On the device, so that it is read back with the statistics, in one sync.
-            var_y = batch[-2].var(correction=0)
-            explained_var = torch.where(var_y == 0, torch.nan, 1 - (batch[-2] - batch[-1]).var(correction=0) / var_y)
-            lr = agent.optimizer.param_groups[0]["lr"]
-            scalars = {f"losses/{name}": stats[name] for name in STATS}
-            scalars.update({"losses/explained_variance": explained_var, "charts/learning_rate": lr})
-            run.log(global_step, scalars)
-            if world_size > 1:
-                # What every rank's envs added to the statistics, pooled: the policy reads the same on every rank.
-                pool_statistics(running, agreed)
-                agree_to_stop(run, device)
-    if dist.is_initialized():
-        rank_fps = (global_step - first_step) / world_size / (time.perf_counter() - t_loop)
-        check_ranks_agree(agent.net, global_step, rank_fps)
+        phase("other")
+        # The episodes that ended in this rollout count as one, their mean: thousands end per rollout with
+        # many envs. Read back in one sync.
+        ended, return_sum, length_sum = envs.ended_episodes().tolist()
+        if ended and rank == 0:  # rank 0 alone counts returns: of its own envs, as CleanRL does
+            run.episode(global_step, return_sum / ended, length_sum / ended)
+        # On the device, so that it is read back with the statistics, in one sync.
+        var_y = batch[-2].var(correction=0)
+        explained_var = torch.where(var_y == 0, torch.nan, 1 - (batch[-2] - batch[-1]).var(correction=0) / var_y)
+        lr = agent.optimizer.param_groups[0]["lr"]
+        scalars = {f"losses/{name}": stats[name] for name in STATS}
+        scalars.update({"losses/explained_variance": explained_var, "charts/learning_rate": lr})
+        run.log(global_step, scalars)
+        if world_size > 1:
+            # What every rank's envs added to the statistics, pooled: the policy reads the same on every rank.
+            pool_statistics(running, agreed)
 
 
 def evaluate(args, run, saved):
@@ -349,9 +335,9 @@ def evaluate(args, run, saved):
 def main(argv=None):
     """Train, or with --eval-checkpoint evaluate, as the arguments say; returns the record printed last."""
     args, checkpoint = parse_args(Args, __file__, argv)
-    setup_distributed(args)  # torchrun: join the process group before the checks that need the world
+    ranks = setup_distributed(args)  # torchrun: join the process group before the checks that need the world
     check_args(args)
-    run = Run(args, __file__, checkpoint)
+    run = Run(args, __file__, checkpoint, ranks)
     if args.eval_checkpoint:
         return run.evaluation(evaluate(args, run, checkpoint["state"]))
     with run.stoppable():

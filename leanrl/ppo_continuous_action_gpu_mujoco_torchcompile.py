@@ -4,7 +4,6 @@
 import copy
 import random
 import sys
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,26 +15,12 @@ import torch.optim as optim
 from tensordict.nn import CudaGraphModule
 from torch.distributions.normal import Normal
 
-from harness import (
-    Run,
-    RunOptions,
-    agree,
-    agree_to_stop,
-    average,
-    check_ranks_agree,
-    exit_code,
-    fail,
-    flat_gradients,
-    join_ranks,
-    parse_args,
-    setup_distributed,
-    world,
-)
+from harness import Run, agree, average, exit_code, fail, flat_gradients, parse_args, setup_distributed, world
 from mujoco_warp_envs import ENVS, CapturableEnvs, RunningMeanStd, gymnasium_env, saved_obs_rms
 
 
 @dataclass
-class Args(RunOptions):
+class Args:  # the algorithm's flags; parse_args adds the run options every script shares (docs/contract.md)
     env_id: str = "HalfCheetah-v5"
     """the id of the environment: HalfCheetah-v5, Hopper-v5, Walker2d-v5, Ant-v5 or Humanoid-v5"""
     total_timesteps: int = 100000000
@@ -72,9 +57,9 @@ class Args(RunOptions):
     """stop the epochs of an update early once the approximate KL divergence exceeds this threshold"""
     capture_video: bool = False
     """record --eval-checkpoint's episodes as videos under videos/<run name>/ (training's Warp worlds render none)"""
-    compile: bool = False
+    compile: bool = False  # trick 2: torch.compile
     """compile the policy, GAE and update functions with torch.compile"""
-    cudagraphs: bool = False
+    cudagraphs: bool = False  # trick 1: CUDA graphs
     """capture the rollout (policy, Warp's physics, resets, storage), GAE and the update as CUDA graphs"""
 
 
@@ -111,7 +96,7 @@ class ActorCritic(nn.Module):
 
     def get_action_and_value(self, x, action=None):
         action_mean = self.actor_mean(x)
-        # Checking the arguments would read them back to the host: a sync, and not allowed in a CUDA graph
+        # trick 1: CUDA graphs: checking the arguments would read them back to the host, a sync a graph refuses
         probs = Normal(action_mean, self.actor_logstd.expand_as(action_mean).exp(), validate_args=False)
         if action is None:
             # sample() calls torch.normal, which checks std on the host; rsample draws the same numbers without
@@ -119,7 +104,7 @@ class ActorCritic(nn.Module):
         return action, probs.log_prob(action).sum(1), probs.entropy().sum(1), self.critic(x)
 
 
-class Rollout:
+class Rollout:  # trick 15: the rollout as one graph, which writes the next rollout's first row too
     """One rollout of num_steps steps of num_envs envs, on the device. obs and dones have one more row: the observation
     the next rollout starts with, GAE's bootstrap."""
 
@@ -137,8 +122,8 @@ class Agent:
 
     def __init__(self, args, n_obs, n_act, device):
         self.net = ActorCritic(n_obs, n_act, device=device)
-        # The learning rate, a device tensor annealed in place, is read by compiled and captured optimizer steps;
-        # Adam takes it without host syncs when capturable (CUDA only).
+        # trick 7: no host sync: the learning rate, a device tensor annealed in place, is read by compiled and
+        # captured optimizer steps; Adam takes it without host syncs when capturable (CUDA only).
         lr = torch.tensor(args.learning_rate, device=device)
         self.optimizer = optim.Adam(self.net.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
         self.grads = None
@@ -174,6 +159,7 @@ def make_update_fns(agent, args):
     """GAE over a rollout, the PPO update on one minibatch (its STATS into `stats`, fixed tensors), and the policy
     that acts. --compile compiles each; --cudagraphs captures GAE and the update (the policy: within make_collect's
     graph)."""
+    # trick 10: nothing to copy in or out: the update writes its statistics into these fixed tensors
     stats = {name: torch.zeros((), device=agent.net.actor_logstd.device) for name in STATS}
 
     def gae(next_obs, next_done, rewards, values, dones):
@@ -183,9 +169,9 @@ def make_update_fns(agent, args):
             nextvalues = torch.cat([values[1:], agent.net.critic(next_obs).reshape(1, -1)])
             delta = rewards + args.gamma * nextvalues * nextnonterminal - values
             coef = args.gamma * args.gae_lambda * nextnonterminal
-            # A[t] = delta[t] + coef[t] * A[t + 1] in log2(num_steps) rounds of a doubling scan (a short graph to
-            # compile): after the round with shift s, A[t] holds the terms of delta[t : t + 2s] and coef[t] the
-            # product of coef[t : t + 2s].
+            # trick 17: GAE without a Python loop: A[t] = delta[t] + coef[t] * A[t + 1] in log2(num_steps) rounds of a
+            # doubling scan (a short graph to compile): after the round with shift s, A[t] holds the terms of
+            # delta[t : t + 2s] and coef[t] the product of coef[t : t + 2s].
             advantages = delta
             shift = 1
             while shift < args.num_steps:
@@ -195,6 +181,7 @@ def make_update_fns(agent, args):
             returns = advantages + values
         return advantages, returns
 
+    # trick 19: one all-reduce of a flat buffer: under torchrun it runs between backward and step
     def backward(obs, actions, logprobs, advantages, returns, values):
         """The loss of one minibatch and its gradients; its STATS but the gradient norm into `stats`."""
         _, newlogprob, entropy, newvalue = agent.net.get_action_and_value(obs, actions)
@@ -235,19 +222,19 @@ def make_update_fns(agent, args):
         backward(*minibatch)
         step()
 
-    def policy(obs):
+    def policy(obs):  # trick 3: act without autograd
         with torch.no_grad():
             action, logprob, _, value = agent.net.get_action_and_value(obs)
         return action, logprob, value.flatten()
 
     fast_backward, fast_step = backward, step  # wrapped under other names: update calls the plain ones
-    if args.compile:
+    if args.compile:  # trick 2: torch.compile
         gae, update, fast_backward, fast_step, policy = map(torch.compile, (gae, update, backward, step, policy))
-    if args.cudagraphs:
+    if args.cudagraphs:  # trick 1: CUDA graphs
         graphs = (CudaGraphModule(f, warmup=3 if args.compile else 2) for f in (gae, update, fast_backward, fast_step))
         gae, update, fast_backward, fast_step = graphs
 
-    def update_distributed(*minibatch):  # two graphs, the all-reduce between, as in the classic twin
+    def update_distributed(*minibatch):  # trick 19: one all-reduce of a flat buffer, between two graphs
         fast_backward(*minibatch)
         average(agent.grads)
         fast_step()
@@ -255,7 +242,7 @@ def make_update_fns(agent, args):
     return gae, update_distributed if dist.is_initialized() else update, policy, stats
 
 
-def make_collect(agent, policy, envs, rollout, args):
+def make_collect(agent, policy, envs, rollout, args):  # trick 15: the rollout as one graph
     """collect(): one rollout of num_steps steps of all envs into `rollout`, from the observation and done flags the
     last one ended in (its last rows). With --cudagraphs it is one CUDA graph: policy, Warp's physics, rewards,
     resets, normalisation and storage, one replay per iteration and no Python per step."""
@@ -311,7 +298,8 @@ def train(args, run):
     np.random.seed(args.seed + rank)
     torch.manual_seed(args.seed + rank)
     device, phase = run.device, run.phase
-    envs = CapturableEnvs(args.env_id, args.num_envs, args.gamma, device)  # its physics can join collect's graph
+    # trick 15: the rollout as one graph: these envs' physics can join collect's graph
+    envs = CapturableEnvs(args.env_id, args.num_envs, args.gamma, device)
     n_obs, n_act = envs.obs.shape[1], envs.n_act
     agent = Agent(args, n_obs, n_act, device)
     gae, update, policy, stats = make_update_fns(agent, args)
@@ -324,46 +312,45 @@ def train(args, run):
     global_step = run.start(state, total_steps=num_iterations * steps_per_iteration,
                             warmup_steps=WARMUP_ITERATIONS * steps_per_iteration,
                             profile_steps=PROFILE_ITERATIONS * steps_per_iteration,
-                            env_steps_per_call=steps_per_iteration)  # fmt: skip
+                            env_steps_per_call=steps_per_iteration, replicated=agent.net)  # fmt: skip
     if world_size > 1:
-        join_ranks(run, agent.net, args, global_step)
         # The normalisation statistics as the ranks last agreed on them: a fresh RunningMeanStd's at the start, the
         # checkpoint's on resume; each rank's envs update their own until the iteration's end pools them.
         running = (envs.obs_rms, envs.return_rms)
         agreed = copy.deepcopy(running) if global_step else [RunningMeanStd(r.mean.shape, device) for r in running]
     rollout.obs[-1], rollout.dones[-1] = envs.obs, envs.done  # after run.start: a resumed run's envs
-    first_step, t_loop = global_step, time.perf_counter()
     # A checkpoint is written as an iteration begins: a resumed run goes on with the iteration after its steps.
     for iteration in range(global_step // steps_per_iteration + 1, num_iterations + 1):
-        run.unit(global_step)
-        with phase("update"):
-            if args.anneal_lr:
-                frac = 1.0 - (iteration - 1.0) / num_iterations
-                agent.optimizer.param_groups[0]["lr"].fill_(frac * args.learning_rate)
+        if not run.proceed(global_step):  # Ctrl-C, SIGTERM or a loss gone NaN: saved, the loop ends here
+            break
+        phase("update")
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / num_iterations
+            agent.optimizer.param_groups[0]["lr"].fill_(frac * args.learning_rate)  # trick 7: no host sync
 
         global_step += steps_per_iteration
-        with phase("env_step"):
-            collect()
-        with phase("other"):
-            if rank == 0:  # rank 0 alone shows progress
-                run.tick(global_step)
-        with phase("update"):
-            advantages, rets = gae(rollout.obs[-1], rollout.dones[-1], rollout.rewards, rollout.values,
-                                   rollout.dones[:-1])  # fmt: skip
+        phase("env_step")
+        collect()  # trick 15: the rollout as one graph
+        phase("other")
+        if rank == 0:  # rank 0 alone shows progress
+            run.tick(global_step)
+        phase("update")
+        advantages, rets = gae(rollout.obs[-1], rollout.dones[-1], rollout.rewards, rollout.values,
+                               rollout.dones[:-1])  # fmt: skip
 
         # the batch, each env's steps one after another: obs, actions, logprobs, advantages, returns, values
         batch = (rollout.obs[:-1], rollout.actions, rollout.logprobs, advantages, rets, rollout.values)
         batch = [x.flatten(0, 1) for x in batch]
         for epoch in range(args.update_epochs):
-            with phase("data"):
-                b_inds = torch.randperm(batch_size, device=device)
-                # One gather per epoch: the minibatches are then contiguous slices of the shuffled batch.
-                shuffled = [b[b_inds] for b in batch]
+            phase("data")
+            b_inds = torch.randperm(batch_size, device=device)  # trick 7: no host sync, shuffled on the device
+            # One gather per epoch: the minibatches are then contiguous slices of the shuffled batch.
+            shuffled = [b[b_inds] for b in batch]
             for start in range(0, batch_size, minibatch_size):
-                with phase("data"):
-                    minibatch = [b[start : start + minibatch_size] for b in shuffled]
-                with phase("update"):
-                    update(*minibatch)
+                phase("data")
+                minibatch = [b[start : start + minibatch_size] for b in shuffled]
+                phase("update")
+                update(*minibatch)  # trick 10: nothing to copy in or out, the statistics in `stats`
             # Every rank stops its epochs at the same one, by the ranks' mean KL: the all-reduces must pair up.
             approx_kl = stats["approx_kl"]
             if args.target_kl is not None and world_size > 1:
@@ -371,26 +358,22 @@ def train(args, run):
             if args.target_kl is not None and approx_kl > args.target_kl:
                 break
 
-        with phase("other"):
-            # The episodes that ended in this rollout count as one, their mean: thousands end per rollout with
-            # many envs. Read back in one sync.
-            ended, return_sum, length_sum = envs.ended_episodes().tolist()
-            if ended and rank == 0:  # rank 0 alone counts returns: of its own envs, as CleanRL does
-                run.episode(global_step, return_sum / ended, length_sum / ended)
-            # On the device, so that it is read back with the statistics, in one sync.
-            var_y = batch[-2].var(correction=0)
-            explained_var = torch.where(var_y == 0, torch.nan, 1 - (batch[-2] - batch[-1]).var(correction=0) / var_y)
-            lr = agent.optimizer.param_groups[0]["lr"]
-            scalars = {f"losses/{name}": stats[name] for name in STATS}
-            scalars.update({"losses/explained_variance": explained_var, "charts/learning_rate": lr})
-            run.log(global_step, scalars)
-            if world_size > 1:
-                # What every rank's envs added to the statistics, pooled: the policy reads the same on every rank.
-                pool_statistics(running, agreed)
-                agree_to_stop(run, device)
-    if dist.is_initialized():
-        rank_fps = (global_step - first_step) / world_size / (time.perf_counter() - t_loop)
-        check_ranks_agree(agent.net, global_step, rank_fps)
+        phase("other")
+        # The episodes that ended in this rollout count as one, their mean: thousands end per rollout with
+        # many envs. Read back in one sync.
+        ended, return_sum, length_sum = envs.ended_episodes().tolist()
+        if ended and rank == 0:  # rank 0 alone counts returns: of its own envs, as CleanRL does
+            run.episode(global_step, return_sum / ended, length_sum / ended)
+        # On the device, so that it is read back with the statistics, in one sync.
+        var_y = batch[-2].var(correction=0)
+        explained_var = torch.where(var_y == 0, torch.nan, 1 - (batch[-2] - batch[-1]).var(correction=0) / var_y)
+        lr = agent.optimizer.param_groups[0]["lr"]
+        scalars = {f"losses/{name}": stats[name] for name in STATS}
+        scalars.update({"losses/explained_variance": explained_var, "charts/learning_rate": lr})
+        run.log(global_step, scalars)
+        if world_size > 1:
+            # What every rank's envs added to the statistics, pooled: the policy reads the same on every rank.
+            pool_statistics(running, agreed)
 
 
 def evaluate(args, run, saved):
@@ -415,9 +398,9 @@ def evaluate(args, run, saved):
 def main(argv=None):
     """Train, or with --eval-checkpoint evaluate, as the arguments say; returns the record printed last."""
     args, checkpoint = parse_args(Args, __file__, argv)
-    setup_distributed(args)  # torchrun: join the process group before the checks that need the world
+    ranks = setup_distributed(args)  # torchrun: join the process group before the checks that need the world
     check_args(args)
-    run = Run(args, __file__, checkpoint)
+    run = Run(args, __file__, checkpoint, ranks)
     if args.eval_checkpoint:
         return run.evaluation(evaluate(args, run, checkpoint["state"]))
     with run.stoppable():

@@ -4,7 +4,6 @@
 import math
 import random
 import sys
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,13 +13,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
 
-from harness import Run, RunOptions, agree_to_stop, average_gradients, check_ranks_agree, exit_code, fail, join_ranks
-from harness import parse_args, setup_distributed, world
+from harness import Run, average, exit_code, fail, flat_gradients, parse_args, setup_distributed, world
 from mujoco_warp_envs import ENVS, Envs, gymnasium_env, saved_obs_rms
 
 
 @dataclass
-class Args(RunOptions):
+class Args:  # the algorithm's flags; parse_args adds the run options every script shares (docs/contract.md)
     env_id: str = "HalfCheetah-v5"
     """the id of the environment: HalfCheetah-v5, Hopper-v5, Walker2d-v5, Ant-v5 or Humanoid-v5"""
     total_timesteps: int = 51200000
@@ -184,10 +182,13 @@ class Agent:
         self.target_entropy = -float(n_act)
         self.log_alpha = torch.full((1,), math.log(args.alpha), device=device, requires_grad=True)
         self.a_optimizer = optim.Adam([self.log_alpha], lr=args.q_lr)
+        if dist.is_initialized():  # each optimizer's gradients as views into one flat buffer, averaged in place
+            self.q_grads, self.actor_grads = flat_gradients(q_params), flat_gradients(actor_params)
+            self.a_grads = flat_gradients([self.log_alpha])
 
     def state_dict(self):
-        """The trained tensors by name, which every rank holds alike under torchrun (join_ranks gives every rank rank
-        0's at the start, check_ranks_agree compares them at the end); the optimizers' state follows from them."""
+        """The trained tensors by name, which every rank holds alike under torchrun (run.start gives every rank rank
+        0's at the start, run.finish compares them at the end); the optimizers' state follows from them."""
         parts = {name: getattr(self, name) for name in AGENT_STATE if "optimizer" not in name and name != "log_alpha"}
         parts = {name: part.state_dict() if isinstance(part, nn.Module) else part for name, part in parts.items()}
         tensors = {f"{name}.{key}": value.detach() for name, part in parts.items() for key, value in part.items()}
@@ -219,10 +220,10 @@ def make_update_fns(agent, args):
             qf1_loss = F.mse_loss(qf1_a_values, next_q_value)
             qf2_loss = F.mse_loss(qf2_a_values, next_q_value)
             qf_loss = qf1_loss + qf2_loss
-        agent.q_optimizer.zero_grad()
+        agent.q_optimizer.zero_grad(set_to_none=not dist.is_initialized())  # the flat buffer's views stay
         qf_loss.backward()
         if dist.is_initialized():
-            average_gradients(agent.q_optimizer.param_groups[0]["params"])
+            average(agent.q_grads)
         agent.q_optimizer.step()
         qf1_values, qf2_values = qf1_a_values.detach().mean(), qf2_a_values.detach().mean()
         losses = {"qf1_loss": qf1_loss.detach(), "qf2_loss": qf2_loss.detach(), "qf_loss": qf_loss.detach() / 2.0}
@@ -236,10 +237,10 @@ def make_update_fns(agent, args):
             pi, log_pi, _ = agent.actor.get_action(obs)
             min_qf_pi = torch.min(agent.qf1(obs, pi), agent.qf2(obs, pi))
             actor_loss = (alpha * log_pi - min_qf_pi).mean()
-        agent.actor_optimizer.zero_grad()
+        agent.actor_optimizer.zero_grad(set_to_none=not dist.is_initialized())
         actor_loss.backward()
         if dist.is_initialized():
-            average_gradients(agent.actor_optimizer.param_groups[0]["params"])
+            average(agent.actor_grads)
         agent.actor_optimizer.step()
         alpha_loss = torch.zeros((), device=obs.device)
         if args.autotune:  # from a fresh sample of the stepped actor (FastSAC's)
@@ -247,10 +248,10 @@ def make_update_fns(agent, args):
                 with torch.no_grad():
                     _, log_pi, _ = agent.actor.get_action(obs)
                 alpha_loss = -(agent.log_alpha.exp() * (log_pi + agent.target_entropy)).mean()
-            agent.a_optimizer.zero_grad()
+            agent.a_optimizer.zero_grad(set_to_none=not dist.is_initialized())
             alpha_loss.backward()
             if dist.is_initialized():
-                average_gradients(agent.a_optimizer.param_groups[0]["params"])
+                average(agent.a_grads)
             agent.a_optimizer.step()
         return {"actor_loss": actor_loss.detach(), "alpha_loss": alpha_loss.detach()}
 
@@ -312,46 +313,40 @@ def train(args, run):
     state = {**{name: getattr(agent, name) for name in AGENT_STATE}, "rb": rb, "envs": envs.state, "obs": obs}
     first_step = run.start(state, total_steps=args.total_timesteps, warmup_steps=WARMUP_STEPS * all_envs,
                            profile_steps=PROFILE_STEPS * all_envs, env_steps_per_call=all_envs,
-                           warmup_from=args.learning_starts)  # fmt: skip
-    if world_size > 1:
-        join_ranks(run, agent, args, first_step)
-    t_loop = time.perf_counter()
+                           warmup_from=args.learning_starts, replicated=agent)  # fmt: skip
     for global_step in range(first_step, args.total_timesteps, all_envs):
-        run.unit(global_step)
-        with phase("policy"), torch.no_grad(), autocast(args, device):
+        if not run.proceed(global_step):  # Ctrl-C, SIGTERM or a loss gone NaN: saved, the loop ends here
+            break
+        phase("policy")
+        with torch.no_grad(), autocast(args, device):
             actions, _, _ = agent.actor.get_action(obs_rms.normalize(obs))
-        with phase("env_step"):
-            next_obs, final_obs, rewards, terminations, _ = envs.step_raw(actions)
-        with phase("data"):
-            # A finished episode's last transition keeps its true final observation; a truncation is no end.
-            rb.add(obs, actions, rewards, final_obs, terminations)
-            obs_rms.update(next_obs)
-            obs.copy_(next_obs)
+        phase("env_step")
+        next_obs, final_obs, rewards, terminations, _ = envs.step_raw(actions)
+        phase("data")
+        # A finished episode's last transition keeps its true final observation; a truncation is no end.
+        rb.add(obs, actions, rewards, final_obs, terminations)
+        obs_rms.update(next_obs)
+        obs.copy_(next_obs)
         if global_step >= args.learning_starts:
             for actor_update in actor_updates(args, global_step // all_envs):
-                with phase("data"):
-                    b_obs, b_actions, b_rewards, b_next_obs, b_dones = rb.sample(batch_size)
-                    b_obs, b_next_obs = obs_rms.normalize(b_obs), obs_rms.normalize(b_next_obs)
-                with phase("update"):
-                    stats.update(update_critic(b_obs, b_actions, b_rewards, b_next_obs, b_dones))
-                    if actor_update:  # delayed policy updates
-                        stats.update(update_actor(b_obs))
-                    update_targets()
-        with phase("other"):
-            # Rank 0 alone shows progress and counts returns: of its own envs, as CleanRL does.
-            if rank == 0 and run.tick(global_step + all_envs):
-                # The episodes ended since the last tick count as one, their mean; read back in one sync.
-                ended, return_sum, length_sum = envs.ended_episodes().tolist()
-                if ended:
-                    run.episode(global_step + all_envs, return_sum / ended, length_sum / ended)
-                if "actor_loss" in stats:
-                    losses = {f"losses/{name}": stats[name] for name in STATS}
-                    run.log(global_step, {**losses, "losses/alpha": agent.log_alpha.detach().exp()})
-            if world_size > 1:
-                agree_to_stop(run, device)
-    if dist.is_initialized():
-        end_step = global_step + all_envs
-        check_ranks_agree(agent, end_step, (end_step - first_step) / world_size / (time.perf_counter() - t_loop))
+                phase("data")
+                b_obs, b_actions, b_rewards, b_next_obs, b_dones = rb.sample(batch_size)
+                b_obs, b_next_obs = obs_rms.normalize(b_obs), obs_rms.normalize(b_next_obs)
+                phase("update")
+                stats.update(update_critic(b_obs, b_actions, b_rewards, b_next_obs, b_dones))
+                if actor_update:  # delayed policy updates
+                    stats.update(update_actor(b_obs))
+                update_targets()
+        phase("other")
+        # Rank 0 alone shows progress and counts returns: of its own envs, as CleanRL does.
+        if rank == 0 and run.tick(global_step + all_envs):
+            # The episodes ended since the last tick count as one, their mean; read back in one sync.
+            ended, return_sum, length_sum = envs.ended_episodes().tolist()
+            if ended:
+                run.episode(global_step + all_envs, return_sum / ended, length_sum / ended)
+            if "actor_loss" in stats:
+                losses = {f"losses/{name}": stats[name] for name in STATS}
+                run.log(global_step, {**losses, "losses/alpha": agent.log_alpha.detach().exp()})
 
 
 def evaluate(args, run, saved):
@@ -377,9 +372,9 @@ def evaluate(args, run, saved):
 def main(argv=None):
     """Train, or with --eval-checkpoint evaluate, as the arguments say; returns the record printed last."""
     args, checkpoint = parse_args(Args, __file__, argv)
-    setup_distributed(args)  # torchrun: join the process group before the checks that need the world
+    ranks = setup_distributed(args)  # torchrun: join the process group before the checks that need the world
     check_args(args)
-    run = Run(args, __file__, checkpoint)
+    run = Run(args, __file__, checkpoint, ranks)
     if args.eval_checkpoint:
         return run.evaluation(evaluate(args, run, checkpoint["state"]))
     with run.stoppable():

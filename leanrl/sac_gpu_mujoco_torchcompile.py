@@ -6,7 +6,6 @@ import functools
 import math
 import random
 import sys
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,13 +16,12 @@ import torch.nn.functional as F
 import torch.optim as optim
 from tensordict.nn import CudaGraphModule
 
-from harness import Run, RunOptions, agree_to_stop, average, check_ranks_agree, exit_code, fail, flat_gradients
-from harness import join_ranks, parse_args, setup_distributed, world
+from harness import Run, average, exit_code, fail, flat_gradients, parse_args, setup_distributed, world
 from mujoco_warp_envs import ENVS, CapturableEnvs, gymnasium_env, saved_obs_rms
 
 
 @dataclass
-class Args(RunOptions):
+class Args:  # the algorithm's flags; parse_args adds the run options every script shares (docs/contract.md)
     env_id: str = "HalfCheetah-v5"
     """the id of the environment: HalfCheetah-v5, Hopper-v5, Walker2d-v5, Ant-v5 or Humanoid-v5"""
     total_timesteps: int = 51200000
@@ -63,9 +61,9 @@ class Args(RunOptions):
     """bf16 autocast of the networks in the updates and the policy (FastTD3's --amp): faster, not fp32's result"""
     capture_video: bool = False
     """record --eval-checkpoint's episodes as videos under videos/<run name>/ (training's Warp worlds render none)"""
-    compile: bool = False
+    compile: bool = False  # trick 2: torch.compile
     """compile the update and policy functions with torch.compile"""
-    cudagraphs: bool = False
+    cudagraphs: bool = False  # trick 1: CUDA graphs
     """capture the env step (policy, Warp's physics, storage) and each vector step's updates as CUDA graphs"""
 
 
@@ -74,6 +72,7 @@ WARMUP_STEPS, PROFILE_STEPS = 5, 20
 LOG_STD_MAX = 2
 LOG_STD_MIN = -5
 # What a checkpoint keeps of the agent, with the replay buffer and the envs.
+# trick 4: vmapped ensemble: the critics and their targets stacked
 AGENT_STATE = ("actor", "qnet_params", "qnet_target", "q_optimizer", "actor_optimizer", "a_optimizer", "log_alpha")
 # The statistics of an update, logged as losses/<name>, with losses/alpha.
 STATS = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss", "qf_loss", "actor_loss", "alpha_loss")
@@ -129,7 +128,7 @@ class Actor(nn.Module):
     def get_action(self, x):
         mean, log_std = self(x)
         std = log_std.exp()
-        normal = torch.distributions.Normal(mean, std, validate_args=False)  # validation syncs with the host
+        normal = torch.distributions.Normal(mean, std, validate_args=False)  # trick 1: CUDA graphs, validation syncs
         x_t = normal.rsample()  # reparameterization trick: mean + std * N(0,1)
         y_t = torch.tanh(x_t)
         action = y_t * self.action_scale + self.action_bias
@@ -141,7 +140,7 @@ class Actor(nn.Module):
         return action, log_prob, mean
 
 
-class ReplayBuffer:
+class ReplayBuffer:  # trick 7: no host sync, where the next rows go and how many are held: on the device
     """FastSAC's buffer (FastTD3's) on the device: per-env circular storage, rows [obs, action, reward, next_obs,
     done] of buffer_size // num_envs steps of each env; a sample draws batch_size // num_envs of each env's rows, with
     replacement. Observations are stored raw and normalised when sampled. Where the next rows go and how many
@@ -182,13 +181,15 @@ class Agent:
 
     def __init__(self, args, n_obs, n_act, action_low, action_high, device):
         self.actor = Actor(n_obs, n_act, args.actor_hidden_dim, action_low, action_high, device=device)
-        # Both critics as one stacked {name: tensor of both} (and its target copy), evaluated by qvalues
+        # trick 4: vmapped ensemble: both critics as one stacked {name: tensor of both} (and its target copy),
+        # evaluated by qvalues
         qf1 = QNetwork(n_obs, n_act, args.critic_hidden_dim, device=device)
         qf2 = QNetwork(n_obs, n_act, args.critic_hidden_dim, device=device)
         self.qnet_params, _ = torch.func.stack_module_state([qf1, qf2])
         self.qnet_target = {name: p.detach().clone() for name, p in self.qnet_params.items()}
         self.qnet = QNetwork(n_obs, n_act, args.critic_hidden_dim, device="meta")  # no storage
-        capturable = args.cudagraphs and device.type == "cuda"  # the optimizers' step counts on the device, for graphs
+        # trick 1: CUDA graphs: the optimizers' step counts on the device
+        capturable = args.cudagraphs and device.type == "cuda"
         self.q_optimizer = optim.AdamW(self.qnet_params.values(), lr=args.q_lr, weight_decay=args.weight_decay,
                                        capturable=capturable)  # fmt: skip
         self.actor_optimizer = optim.AdamW(self.actor.parameters(), lr=args.policy_lr,
@@ -198,20 +199,20 @@ class Agent:
         self.log_alpha = torch.full((1,), math.log(args.alpha), device=device, requires_grad=True)
         self.a_optimizer = optim.Adam([self.log_alpha], lr=args.q_lr, capturable=capturable)
 
-    def qvalues(self, params, obs, actions):
+    def qvalues(self, params, obs, actions):  # trick 4: vmapped ensemble
         """Both critics' Q values for the stacked parameters `params`: shape (2, batch, 1)."""
         return torch.vmap(lambda p: torch.func.functional_call(self.qnet, p, (obs, actions)))(params)
 
     def state_dict(self):
-        """The trained tensors by name, which every rank holds alike under torchrun (join_ranks gives every rank rank
-        0's at the start, check_ranks_agree compares them at the end); the optimizers' state follows from them."""
+        """The trained tensors by name, which every rank holds alike under torchrun (run.start gives every rank rank
+        0's at the start, run.finish compares them at the end); the optimizers' state follows from them."""
         parts = {name: getattr(self, name) for name in AGENT_STATE if "optimizer" not in name and name != "log_alpha"}
         parts = {name: part.state_dict() if isinstance(part, nn.Module) else part for name, part in parts.items()}
         tensors = {f"{name}.{key}": value.detach() for name, part in parts.items() for key, value in part.items()}
         return {**tensors, "log_alpha": self.log_alpha.detach()}
 
 
-def averaged(backward, optimizer, args):
+def averaged(backward, optimizer, args):  # trick 19: one all-reduce of a flat buffer, between two graphs
     """Under torchrun, an update from all ranks' gradients: backward(*inputs) (an update of make_update_fns, which
     there stops before its step and returns its statistics), the all-reduce of the gradients, the optimizer's step.
     The gradients are views into one flat buffer (flat_gradients) that backward fills in place. Backward and step
@@ -251,6 +252,7 @@ def make_update_fns(agent, args):
             with torch.no_grad():
                 # The next action sampled from the actor itself (FastSAC: no target actor).
                 next_state_actions, next_state_log_pi, _ = agent.actor.get_action(next_obs)
+                # trick 4: vmapped ensemble: both targets at once
                 qf_next_target = agent.qvalues(agent.qnet_target, next_obs, next_state_actions)
                 min_qf_next_target = qf_next_target.min(0).values - alpha * next_state_log_pi
                 next_q_value = rewards + (1 - dones) * args.gamma * min_qf_next_target.view(-1)
@@ -258,9 +260,9 @@ def make_update_fns(agent, args):
             qf1_loss = F.mse_loss(qf1_a_values, next_q_value)
             qf2_loss = F.mse_loss(qf2_a_values, next_q_value)
             qf_loss = qf1_loss + qf2_loss
-        agent.q_optimizer.zero_grad(set_to_none=not dist.is_initialized())  # averaged's flat buffer stays
+        agent.q_optimizer.zero_grad(set_to_none=not dist.is_initialized())  # the flat buffer's views stay
         qf_loss.backward()
-        if not dist.is_initialized():  # else averaged steps, after the all-reduce
+        if not dist.is_initialized():  # trick 19: one all-reduce of a flat buffer, else averaged steps after it
             agent.q_optimizer.step()
         qf1_values, qf2_values = qf1_a_values.detach().mean(), qf2_a_values.detach().mean()
         losses = {"qf1_loss": qf1_loss.detach(), "qf2_loss": qf2_loss.detach(), "qf_loss": qf_loss.detach() / 2.0}
@@ -268,7 +270,8 @@ def make_update_fns(agent, args):
 
     def update_actor(obs):
         alpha = agent.log_alpha.detach().exp()
-        # The smaller critic's value, through detached parameters: no gradient reaches the critics.
+        # trick 4: vmapped ensemble: the smaller critic's value, through detached parameters: no gradient reaches
+        # the critics.
         params = {name: p.detach() for name, p in agent.qnet_params.items()}
         with autocast(args, obs.device):
             pi, log_pi, _ = agent.actor.get_action(obs)
@@ -276,7 +279,7 @@ def make_update_fns(agent, args):
             actor_loss = (alpha * log_pi - min_qf_pi).mean()
         agent.actor_optimizer.zero_grad(set_to_none=not dist.is_initialized())
         actor_loss.backward()
-        if dist.is_initialized():  # averaged steps, then update_alpha
+        if dist.is_initialized():  # trick 19: one all-reduce of a flat buffer: averaged steps, then update_alpha
             return {"actor_loss": actor_loss.detach()}
         agent.actor_optimizer.step()
         return {"actor_loss": actor_loss.detach(), **update_alpha(obs)}
@@ -294,17 +297,17 @@ def make_update_fns(agent, args):
                 agent.a_optimizer.step()
         return {"alpha_loss": alpha_loss.detach()}
 
-    def update_targets():  # one fused lerp over every target parameter
+    def update_targets():  # trick 5: one lerp for the targets, over every target parameter
         sources = [p.detach() for p in agent.qnet_params.values()]
         torch._foreach_lerp_(list(agent.qnet_target.values()), sources, args.tau)
 
-    def policy(obs):
+    def policy(obs):  # trick 3: act without autograd
         with torch.no_grad(), autocast(args, obs.device):
             actions, _, _ = agent.actor.get_action(obs)
         return actions
 
     fns = update_critic, update_actor, update_targets, policy
-    fns = tuple(map(torch.compile, fns)) if args.compile else fns
+    fns = tuple(map(torch.compile, fns)) if args.compile else fns  # trick 2: torch.compile
     if dist.is_initialized():  # the updates from all ranks' gradients: the critics', the actor's, then alpha's
         actor_step = averaged(update_actor, agent.actor_optimizer, args)
         alpha_step = averaged(update_alpha, agent.a_optimizer, args) if args.autotune else update_alpha
@@ -319,7 +322,7 @@ def actor_updates(args, vector_step):
             for k in range(args.num_updates)]  # fmt: skip
 
 
-def make_collect(policy, envs, rb, obs, args):
+def make_collect(policy, envs, rb, obs, args):  # trick 15: the rollout as one graph, here one act-and-env step
     """collect(): one env step of all envs from `obs` (raw, updated in place): act, step, store, update the
     observation statistics. With --cudagraphs one CUDA graph, Warp's physics included."""
 
@@ -334,11 +337,12 @@ def make_collect(policy, envs, rb, obs, args):
     return CudaGraphModule(collect, warmup=3 if args.compile else 2) if args.cudagraphs else collect
 
 
+# trick 14: one graph per training step
 def make_train_step(rb, obs_rms, update_critic, update_actor, update_targets, args):
     """train_step(pattern): a vector step's gradient updates, pattern[k] saying whether the k-th steps the actor:
     each samples, normalises, updates; with --cudagraphs one captured graph per pattern (under torchrun, graphs of
     the averaged updates' pieces). `stats`: fixed tensors."""
-    stats = {name: torch.zeros((), device=rb.envs.device) for name in STATS}
+    stats = {name: torch.zeros((), device=rb.envs.device) for name in STATS}  # trick 10: nothing to copy in or out
     batch_size = args.batch_size // world()[1]  # under torchrun, this rank's share of the global batch
 
     def step(pattern):
@@ -396,7 +400,8 @@ def train(args, run):
     # Sizes are per rank, but for the global --batch-size; global_step counts the env steps of all ranks, as
     # --total-timesteps and --learning-starts do.
     all_envs = n_envs * world_size  # env steps of one vector step of all ranks
-    envs = CapturableEnvs(args.env_id, n_envs, args.gamma, device)  # its physics can join collect's graph
+    # trick 15: the rollout as one graph: these envs' physics can join collect's graph
+    envs = CapturableEnvs(args.env_id, n_envs, args.gamma, device)
     n_obs, n_act = envs.obs.shape[1], envs.n_act  # envs.obs_rms: statistics of the first observations
     agent = Agent(args, n_obs, n_act, envs.low, envs.high, device)
     update_critic, update_actor, update_targets, policy = make_update_fns(agent, args)
@@ -408,34 +413,27 @@ def train(args, run):
     state = {**{name: getattr(agent, name) for name in AGENT_STATE}, "rb": rb, "envs": envs.state, "obs": obs}
     first_step = run.start(state, total_steps=args.total_timesteps, warmup_steps=WARMUP_STEPS * all_envs,
                            profile_steps=PROFILE_STEPS * all_envs, env_steps_per_call=all_envs,
-                           warmup_from=args.learning_starts)  # fmt: skip
-    if world_size > 1:
-        join_ranks(run, agent, args, first_step)
-    t_loop = time.perf_counter()
+                           warmup_from=args.learning_starts, replicated=agent)  # fmt: skip
     for global_step in range(first_step, args.total_timesteps, all_envs):
-        run.unit(global_step)
-        with phase("env_step"):
-            collect()
+        if not run.proceed(global_step):  # Ctrl-C, SIGTERM or a loss gone NaN: saved, the loop ends here
+            break
+        phase("env_step")
+        collect()  # trick 15: the rollout as one graph
         if global_step >= args.learning_starts:
-            with phase("update"):
-                train_step(actor_updates(args, global_step // all_envs))
-        with phase("other"):
-            # By then an actor update has run (in this run, if it was resumed): its statistics exist.
-            logged = global_step >= max(args.learning_starts, first_step) + args.policy_frequency * all_envs
-            # Rank 0 alone shows progress and counts returns: of its own envs, as CleanRL does.
-            if rank == 0 and run.tick(global_step + all_envs):
-                # The episodes ended since the last tick count as one, their mean; read back in one sync.
-                ended, return_sum, length_sum = envs.ended_episodes().tolist()
-                if ended:
-                    run.episode(global_step + all_envs, return_sum / ended, length_sum / ended)
-                if logged:
-                    losses = {f"losses/{name}": stats[name] for name in STATS}
-                    run.log(global_step, {**losses, "losses/alpha": agent.log_alpha.detach().exp()})
-            if world_size > 1:
-                agree_to_stop(run, device)
-    if dist.is_initialized():
-        end_step = global_step + all_envs
-        check_ranks_agree(agent, end_step, (end_step - first_step) / world_size / (time.perf_counter() - t_loop))
+            phase("update")
+            train_step(actor_updates(args, global_step // all_envs))  # trick 14: one graph per training step
+        phase("other")
+        # By then an actor update has run (in this run, if it was resumed): its statistics exist.
+        logged = global_step >= max(args.learning_starts, first_step) + args.policy_frequency * all_envs
+        # Rank 0 alone shows progress and counts returns: of its own envs, as CleanRL does.
+        if rank == 0 and run.tick(global_step + all_envs):
+            # The episodes ended since the last tick count as one, their mean; read back in one sync.
+            ended, return_sum, length_sum = envs.ended_episodes().tolist()
+            if ended:
+                run.episode(global_step + all_envs, return_sum / ended, length_sum / ended)
+            if logged:
+                losses = {f"losses/{name}": stats[name] for name in STATS}
+                run.log(global_step, {**losses, "losses/alpha": agent.log_alpha.detach().exp()})
 
 
 def evaluate(args, run, saved):
@@ -461,9 +459,9 @@ def evaluate(args, run, saved):
 def main(argv=None):
     """Train, or with --eval-checkpoint evaluate, as the arguments say; returns the record printed last."""
     args, checkpoint = parse_args(Args, __file__, argv)
-    setup_distributed(args)  # torchrun: join the process group before the checks that need the world
+    ranks = setup_distributed(args)  # torchrun: join the process group before the checks that need the world
     check_args(args)
-    run = Run(args, __file__, checkpoint)
+    run = Run(args, __file__, checkpoint, ranks)
     if args.eval_checkpoint:
         return run.evaluation(evaluate(args, run, checkpoint["state"]))
     with run.stoppable():

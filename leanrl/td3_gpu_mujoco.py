@@ -3,7 +3,6 @@
 # in eager PyTorch; data-parallel under torchrun. Docs: docs/td3_gpu_mujoco.md
 import random
 import sys
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,13 +12,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
 
-from harness import Run, RunOptions, agree_to_stop, average_gradients, check_ranks_agree, exit_code, fail, join_ranks
-from harness import parse_args, setup_distributed, world
+from harness import Run, average, exit_code, fail, flat_gradients, parse_args, setup_distributed, world
 from mujoco_warp_envs import ENVS, Envs, gymnasium_env, saved_obs_rms
 
 
 @dataclass
-class Args(RunOptions):
+class Args:  # the algorithm's flags; parse_args adds the run options every script shares (docs/contract.md)
     env_id: str = "HalfCheetah-v5"
     """the id of the environment: HalfCheetah-v5, Hopper-v5, Walker2d-v5, Ant-v5 or Humanoid-v5"""
     total_timesteps: int = 51200000
@@ -180,12 +178,14 @@ class Agent:
         self.q_optimizer = optim.AdamW(q_params, lr=args.learning_rate, weight_decay=args.weight_decay)
         actor_params = list(self.actor.parameters())
         self.actor_optimizer = optim.AdamW(actor_params, lr=args.learning_rate, weight_decay=args.weight_decay)
+        if dist.is_initialized():  # each optimizer's gradients as views into one flat buffer, averaged in place
+            self.q_grads, self.actor_grads = flat_gradients(q_params), flat_gradients(actor_params)
         self.support = torch.linspace(-args.v_max, args.v_max, args.num_atoms, device=device)
         self.action_low, self.action_high = action_low, action_high
 
     def state_dict(self):
-        """The trained tensors by name, which every rank holds alike under torchrun (join_ranks gives every rank rank
-        0's at the start, check_ranks_agree compares them at the end); the optimizers' state follows from them."""
+        """The trained tensors by name, which every rank holds alike under torchrun (run.start gives every rank rank
+        0's at the start, run.finish compares them at the end); the optimizers' state follows from them."""
         parts = {name: getattr(self, name) for name in AGENT_STATE if "optimizer" not in name}
         parts = {name: part.state_dict() if isinstance(part, nn.Module) else part for name, part in parts.items()}
         return {f"{name}.{key}": value.detach() for name, part in parts.items() for key, value in part.items()}
@@ -219,10 +219,10 @@ def make_update_fns(agent, args):
             qf1_loss = -(target_dist * F.log_softmax(qf1_logits, -1)).sum(1).mean()
             qf2_loss = -(target_dist * F.log_softmax(qf2_logits, -1)).sum(1).mean()
             qf_loss = qf1_loss + qf2_loss
-        agent.q_optimizer.zero_grad()
+        agent.q_optimizer.zero_grad(set_to_none=not dist.is_initialized())  # the flat buffer's views stay
         qf_loss.backward()
         if dist.is_initialized():
-            average_gradients(agent.q_optimizer.param_groups[0]["params"])
+            average(agent.q_grads)
         agent.q_optimizer.step()
         with torch.no_grad():
             qf1_values = (F.softmax(qf1_logits, -1) * agent.support).sum(1).mean()
@@ -237,10 +237,10 @@ def make_update_fns(agent, args):
             actions = agent.actor(obs)
             values = [(F.softmax(qf(obs, actions), -1) * agent.support).sum(1) for qf in (agent.qf1, agent.qf2)]
             actor_loss = -torch.minimum(*values).mean()
-        agent.actor_optimizer.zero_grad()
+        agent.actor_optimizer.zero_grad(set_to_none=not dist.is_initialized())
         actor_loss.backward()
         if dist.is_initialized():
-            average_gradients(agent.actor_optimizer.param_groups[0]["params"])
+            average(agent.actor_grads)
         agent.actor_optimizer.step()
         return {"actor_loss": actor_loss.detach()}
 
@@ -311,50 +311,44 @@ def train(args, run):
              "noise_scales": noise_scales}  # fmt: skip
     first_step = run.start(state, total_steps=args.total_timesteps, warmup_steps=WARMUP_STEPS * all_envs,
                            profile_steps=PROFILE_STEPS * all_envs, env_steps_per_call=all_envs,
-                           warmup_from=args.learning_starts)  # fmt: skip
-    if world_size > 1:
-        join_ranks(run, agent, args, first_step)
-    t_loop = time.perf_counter()
+                           warmup_from=args.learning_starts, replicated=agent)  # fmt: skip
     for global_step in range(first_step, args.total_timesteps, all_envs):
-        run.unit(global_step)
-        with phase("policy"), torch.no_grad(), autocast(args, device):
+        if not run.proceed(global_step):  # Ctrl-C, SIGTERM or a loss gone NaN: saved, the loop ends here
+            break
+        phase("policy")
+        with torch.no_grad(), autocast(args, device):
             actions = agent.actor(obs_rms.normalize(obs))
             actions += torch.randn_like(actions) * noise_scales * agent.actor.action_scale  # each env its own scale
             actions = actions.clamp(agent.action_low, agent.action_high)
-        with phase("env_step"):
-            next_obs, final_obs, rewards, terminations, truncations = envs.step_raw(actions)
-        with phase("data"):
-            # A finished episode's last transition keeps its true final observation; a truncation is no end.
-            rb.add(obs, actions, rewards, final_obs, terminations)
-            obs_rms.update(next_obs)
-            obs.copy_(next_obs)
-            # An env that reset draws its noise scale again (drawn for every env: the same random stream).
-            dones = (terminations | truncations)[:, None]
-            noise_scales.copy_(torch.where(dones, draw_noise_scales(args, n_envs, device), noise_scales))
+        phase("env_step")
+        next_obs, final_obs, rewards, terminations, truncations = envs.step_raw(actions)
+        phase("data")
+        # A finished episode's last transition keeps its true final observation; a truncation is no end.
+        rb.add(obs, actions, rewards, final_obs, terminations)
+        obs_rms.update(next_obs)
+        obs.copy_(next_obs)
+        # An env that reset draws its noise scale again (drawn for every env: the same random stream).
+        dones = (terminations | truncations)[:, None]
+        noise_scales.copy_(torch.where(dones, draw_noise_scales(args, n_envs, device), noise_scales))
         if global_step >= args.learning_starts:
             for actor_update in actor_updates(args, global_step // all_envs):
-                with phase("data"):
-                    b_obs, b_actions, b_rewards, b_next_obs, b_dones = rb.sample(batch_size)
-                    b_obs, b_next_obs = obs_rms.normalize(b_obs), obs_rms.normalize(b_next_obs)
-                with phase("update"):
-                    stats.update(update_critic(b_obs, b_actions, b_rewards, b_next_obs, b_dones))
-                    if actor_update:  # delayed policy updates
-                        stats.update(update_actor(b_obs))
-                    update_targets()
-        with phase("other"):
-            # Rank 0 alone shows progress and counts returns: of its own envs, as CleanRL does.
-            if rank == 0 and run.tick(global_step + all_envs):
-                # The episodes ended since the last tick count as one, their mean; read back in one sync.
-                ended, return_sum, length_sum = envs.ended_episodes().tolist()
-                if ended:
-                    run.episode(global_step + all_envs, return_sum / ended, length_sum / ended)
-                if "actor_loss" in stats:
-                    run.log(global_step, {f"losses/{name}": stats[name] for name in STATS})
-            if world_size > 1:
-                agree_to_stop(run, device)
-    if dist.is_initialized():
-        end_step = global_step + all_envs
-        check_ranks_agree(agent, end_step, (end_step - first_step) / world_size / (time.perf_counter() - t_loop))
+                phase("data")
+                b_obs, b_actions, b_rewards, b_next_obs, b_dones = rb.sample(batch_size)
+                b_obs, b_next_obs = obs_rms.normalize(b_obs), obs_rms.normalize(b_next_obs)
+                phase("update")
+                stats.update(update_critic(b_obs, b_actions, b_rewards, b_next_obs, b_dones))
+                if actor_update:  # delayed policy updates
+                    stats.update(update_actor(b_obs))
+                update_targets()
+        phase("other")
+        # Rank 0 alone shows progress and counts returns: of its own envs, as CleanRL does.
+        if rank == 0 and run.tick(global_step + all_envs):
+            # The episodes ended since the last tick count as one, their mean; read back in one sync.
+            ended, return_sum, length_sum = envs.ended_episodes().tolist()
+            if ended:
+                run.episode(global_step + all_envs, return_sum / ended, length_sum / ended)
+            if "actor_loss" in stats:
+                run.log(global_step, {f"losses/{name}": stats[name] for name in STATS})
 
 
 def evaluate(args, run, saved):
@@ -380,9 +374,9 @@ def evaluate(args, run, saved):
 def main(argv=None):
     """Train, or with --eval-checkpoint evaluate, as the arguments say; returns the record printed last."""
     args, checkpoint = parse_args(Args, __file__, argv)
-    setup_distributed(args)  # torchrun: join the process group before the checks that need the world
+    ranks = setup_distributed(args)  # torchrun: join the process group before the checks that need the world
     check_args(args)
-    run = Run(args, __file__, checkpoint)
+    run = Run(args, __file__, checkpoint, ranks)
     if args.eval_checkpoint:
         return run.evaluation(evaluate(args, run, checkpoint["state"]))
     with run.stoppable():

@@ -5,7 +5,6 @@
 import functools
 import random
 import sys
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,13 +15,12 @@ import torch.nn.functional as F
 import torch.optim as optim
 from tensordict.nn import CudaGraphModule
 
-from harness import Run, RunOptions, agree_to_stop, average, check_ranks_agree, exit_code, fail, flat_gradients
-from harness import join_ranks, parse_args, setup_distributed, world
+from harness import Run, average, exit_code, fail, flat_gradients, parse_args, setup_distributed, world
 from mujoco_warp_envs import ENVS, CapturableEnvs, gymnasium_env, saved_obs_rms
 
 
 @dataclass
-class Args(RunOptions):
+class Args:  # the algorithm's flags; parse_args adds the run options every script shares (docs/contract.md)
     env_id: str = "HalfCheetah-v5"
     """the id of the environment: HalfCheetah-v5, Hopper-v5, Walker2d-v5, Ant-v5 or Humanoid-v5"""
     total_timesteps: int = 51200000
@@ -68,16 +66,16 @@ class Args(RunOptions):
     """bf16 autocast of the networks in the updates and the policy (FastTD3's --amp): faster, not fp32's result"""
     capture_video: bool = False
     """record --eval-checkpoint's episodes as videos under videos/<run name>/ (training's Warp worlds render none)"""
-    compile: bool = False
+    compile: bool = False  # trick 2: torch.compile
     """compile the update and policy functions with torch.compile"""
-    cudagraphs: bool = False
+    cudagraphs: bool = False  # trick 1: CUDA graphs
     """capture the env step (policy, Warp's physics, storage) and each vector step's updates as CUDA graphs"""
 
 
 # Vector steps (of all envs) after learning_starts before the fps window opens, and vector steps --profile-dir profiles.
 WARMUP_STEPS, PROFILE_STEPS = 5, 20
 # What a checkpoint keeps of the agent, with the replay buffer, the envs and the exploration noise.
-AGENT_STATE = ("actor", "qnet_params", "qnet_target", "q_optimizer", "actor_optimizer")
+AGENT_STATE = ("actor", "qnet_params", "qnet_target", "q_optimizer", "actor_optimizer")  # trick 4: vmapped ensemble
 # The statistics of an update, logged as losses/<name>.
 STATS = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss", "qf_loss", "actor_loss")
 
@@ -142,7 +140,7 @@ def project(probs, rewards, bootstrap, gamma, support):
     return projected.scatter_add_(-1, upper, probs * (b - lower))
 
 
-class ReplayBuffer:
+class ReplayBuffer:  # trick 7: no host sync, where the next rows go and how many are held: on the device
     """FastTD3's buffer on the device: per-env circular storage, rows [obs, action, reward, next_obs, done] of
     buffer_size // num_envs steps of each env; a sample draws batch_size // num_envs of each env's rows, with
     replacement. Observations are stored raw and normalised when sampled. Where the next rows go and how many
@@ -183,13 +181,14 @@ class Agent:
 
     def __init__(self, args, n_obs, n_act, action_low, action_high, device):
         self.actor = Actor(n_obs, n_act, args.actor_hidden_dim, action_low, action_high, device=device)
-        # Both critics as one stacked {name: tensor of both} (and its target copy), evaluated by qlogits
+        # trick 4: vmapped ensemble: both critics as one stacked {name: tensor of both} (and its target copy),
+        # evaluated by qlogits
         qf1 = QNetwork(n_obs, n_act, args.critic_hidden_dim, args.num_atoms, device=device)
         qf2 = QNetwork(n_obs, n_act, args.critic_hidden_dim, args.num_atoms, device=device)
         self.qnet_params, _ = torch.func.stack_module_state([qf1, qf2])
         self.qnet_target = {name: p.detach().clone() for name, p in self.qnet_params.items()}
         self.qnet = QNetwork(n_obs, n_act, args.critic_hidden_dim, args.num_atoms, device="meta")  # no storage
-        capturable = args.cudagraphs and device.type == "cuda"  # AdamW's step count on the device, for graphs
+        capturable = args.cudagraphs and device.type == "cuda"  # trick 1: CUDA graphs, AdamW's step on the device
         self.q_optimizer = optim.AdamW(self.qnet_params.values(), lr=args.learning_rate,
                                        weight_decay=args.weight_decay, capturable=capturable)  # fmt: skip
         self.actor_optimizer = optim.AdamW(self.actor.parameters(), lr=args.learning_rate,
@@ -197,19 +196,19 @@ class Agent:
         self.support = torch.linspace(-args.v_max, args.v_max, args.num_atoms, device=device)
         self.action_low, self.action_high = action_low, action_high
 
-    def qlogits(self, params, obs, actions):
+    def qlogits(self, params, obs, actions):  # trick 4: vmapped ensemble
         """Both critics' logits for the stacked parameters `params`: shape (2, batch, num_atoms)."""
         return torch.vmap(lambda p: torch.func.functional_call(self.qnet, p, (obs, actions)))(params)
 
     def state_dict(self):
-        """The trained tensors by name, which every rank holds alike under torchrun (join_ranks gives every rank rank
-        0's at the start, check_ranks_agree compares them at the end); the optimizers' state follows from them."""
+        """The trained tensors by name, which every rank holds alike under torchrun (run.start gives every rank rank
+        0's at the start, run.finish compares them at the end); the optimizers' state follows from them."""
         parts = {name: getattr(self, name) for name in AGENT_STATE if "optimizer" not in name}
         parts = {name: part.state_dict() if isinstance(part, nn.Module) else part for name, part in parts.items()}
         return {f"{name}.{key}": value.detach() for name, part in parts.items() for key, value in part.items()}
 
 
-def averaged(backward, optimizer, args):
+def averaged(backward, optimizer, args):  # trick 19: one all-reduce of a flat buffer, between two graphs
     """Under torchrun, an update from all ranks' gradients: backward(*inputs) (an update of make_update_fns, which
     there stops before its step and returns its statistics), the all-reduce of the gradients, the optimizer's step.
     The gradients are views into one flat buffer (flat_gradients) that backward fills in place. Backward and step
@@ -249,7 +248,8 @@ def make_update_fns(agent, args):
                 noise = (torch.randn_like(actions) * args.policy_noise).clamp(-args.noise_clip, args.noise_clip)
                 clipped_noise = noise * agent.actor.action_scale
                 next_state_actions = (agent.actor(next_obs) + clipped_noise).clamp(agent.action_low, agent.action_high)
-                # Both targets' projections at once; clipped double Q: per sample, the one of smaller expected value.
+                # trick 4: vmapped ensemble: both targets' projections at once; clipped double Q: per sample, the
+                # one of smaller expected value.
                 next_probs = F.softmax(agent.qlogits(agent.qnet_target, next_obs, next_state_actions), -1)
                 projected = project(next_probs, rewards, 1 - dones, args.gamma, agent.support)
                 values = (projected * agent.support).sum(-1)
@@ -257,16 +257,17 @@ def make_update_fns(agent, args):
             logits = agent.qlogits(agent.qnet_params, obs, actions)
             qf1_loss, qf2_loss = -(target_dist * F.log_softmax(logits, -1)).sum(-1).mean(-1)
             qf_loss = qf1_loss + qf2_loss
-        agent.q_optimizer.zero_grad(set_to_none=not dist.is_initialized())  # averaged's flat buffer stays
+        agent.q_optimizer.zero_grad(set_to_none=not dist.is_initialized())  # the flat buffer's views stay
         qf_loss.backward()
-        if not dist.is_initialized():  # else averaged steps, after the all-reduce
+        if not dist.is_initialized():  # trick 19: one all-reduce of a flat buffer, else averaged steps after it
             agent.q_optimizer.step()
         qf1_values, qf2_values = (F.softmax(logits.detach(), -1) * agent.support).sum(-1).mean(-1)
         losses = {"qf1_loss": qf1_loss.detach(), "qf2_loss": qf2_loss.detach(), "qf_loss": qf_loss.detach() / 2.0}
         return {"qf1_values": qf1_values, "qf2_values": qf2_values, **losses}  # qf_loss halved, as CleanRL logs it
 
     def update_actor(obs):
-        # The smaller critic's expected value, through detached parameters: no gradient reaches the critics.
+        # trick 4: vmapped ensemble: the smaller critic's expected value, through detached parameters: no gradient
+        # reaches the critics.
         params = {name: p.detach() for name, p in agent.qnet_params.items()}
         with autocast(args, agent.support.device):
             values = (F.softmax(agent.qlogits(params, obs, agent.actor(obs)), -1) * agent.support).sum(-1)
@@ -277,18 +278,18 @@ def make_update_fns(agent, args):
             agent.actor_optimizer.step()
         return {"actor_loss": actor_loss.detach()}
 
-    def update_targets():  # one fused lerp over every target parameter
+    def update_targets():  # trick 5: one lerp for the targets, over every target parameter
         sources = [p.detach() for p in agent.qnet_params.values()]
         torch._foreach_lerp_(list(agent.qnet_target.values()), sources, args.tau)
 
-    def policy(obs, noise_scales):
+    def policy(obs, noise_scales):  # trick 3: act without autograd
         with torch.no_grad(), autocast(args, obs.device):
             actions = agent.actor(obs)
             actions = actions + torch.randn_like(actions) * noise_scales * agent.actor.action_scale
         return actions.clamp(agent.action_low, agent.action_high)
 
     fns = update_critic, update_actor, update_targets, policy
-    fns = tuple(map(torch.compile, fns)) if args.compile else fns
+    fns = tuple(map(torch.compile, fns)) if args.compile else fns  # trick 2: torch.compile
     if dist.is_initialized():  # the critics' and the actor's updates from all ranks' gradients
         fns = (averaged(update_critic, agent.q_optimizer, args),
                averaged(update_actor, agent.actor_optimizer, args), *fns[2:])  # fmt: skip
@@ -306,6 +307,7 @@ def actor_updates(args, vector_step):
             for k in range(args.num_updates)]  # fmt: skip
 
 
+# trick 15: the rollout as one graph, here one act-and-env step of all envs
 def make_collect(policy, envs, rb, obs, noise_scales, args):
     """collect(): one env step of all envs from `obs` (raw, updated in place): act, step, store, update the
     observation statistics, draw the noise scale of each env that reset. With --cudagraphs one CUDA graph, Warp's
@@ -325,11 +327,12 @@ def make_collect(policy, envs, rb, obs, noise_scales, args):
     return CudaGraphModule(collect, warmup=3 if args.compile else 2) if args.cudagraphs else collect
 
 
+# trick 14: one graph per training step
 def make_train_step(rb, obs_rms, update_critic, update_actor, update_targets, args):
     """train_step(pattern): a vector step's gradient updates, pattern[k] saying whether the k-th steps the actor:
     each samples, normalises, updates; with --cudagraphs one captured graph per pattern (under torchrun, graphs of
     the averaged updates' pieces). `stats`: fixed tensors."""
-    stats = {name: torch.zeros((), device=rb.envs.device) for name in STATS}
+    stats = {name: torch.zeros((), device=rb.envs.device) for name in STATS}  # trick 10: nothing to copy in or out
     batch_size = args.batch_size // world()[1]  # under torchrun, this rank's share of the global batch
 
     def step(pattern):
@@ -389,7 +392,8 @@ def train(args, run):
     # Sizes are per rank, but for the global --batch-size; global_step counts the env steps of all ranks, as
     # --total-timesteps and --learning-starts do.
     all_envs = n_envs * world_size  # env steps of one vector step of all ranks
-    envs = CapturableEnvs(args.env_id, n_envs, args.gamma, device)  # its physics can join collect's graph
+    # trick 15: the rollout as one graph: these envs' physics can join collect's graph
+    envs = CapturableEnvs(args.env_id, n_envs, args.gamma, device)
     n_obs, n_act = envs.obs.shape[1], envs.n_act  # envs.obs_rms: statistics of the first observations
     agent = Agent(args, n_obs, n_act, envs.low, envs.high, device)
     update_critic, update_actor, update_targets, policy = make_update_fns(agent, args)
@@ -403,33 +407,26 @@ def train(args, run):
              "noise_scales": noise_scales}  # fmt: skip
     first_step = run.start(state, total_steps=args.total_timesteps, warmup_steps=WARMUP_STEPS * all_envs,
                            profile_steps=PROFILE_STEPS * all_envs, env_steps_per_call=all_envs,
-                           warmup_from=args.learning_starts)  # fmt: skip
-    if world_size > 1:
-        join_ranks(run, agent, args, first_step)
-    t_loop = time.perf_counter()
+                           warmup_from=args.learning_starts, replicated=agent)  # fmt: skip
     for global_step in range(first_step, args.total_timesteps, all_envs):
-        run.unit(global_step)
-        with phase("env_step"):
-            collect()
+        if not run.proceed(global_step):  # Ctrl-C, SIGTERM or a loss gone NaN: saved, the loop ends here
+            break
+        phase("env_step")
+        collect()  # trick 15: the rollout as one graph
         if global_step >= args.learning_starts:
-            with phase("update"):
-                train_step(actor_updates(args, global_step // all_envs))
-        with phase("other"):
-            # By then an actor update has run (in this run, if it was resumed): its statistics exist.
-            logged = global_step >= max(args.learning_starts, first_step) + args.policy_frequency * all_envs
-            # Rank 0 alone shows progress and counts returns: of its own envs, as CleanRL does.
-            if rank == 0 and run.tick(global_step + all_envs):
-                # The episodes ended since the last tick count as one, their mean; read back in one sync.
-                ended, return_sum, length_sum = envs.ended_episodes().tolist()
-                if ended:
-                    run.episode(global_step + all_envs, return_sum / ended, length_sum / ended)
-                if logged:
-                    run.log(global_step, {f"losses/{name}": stats[name] for name in STATS})
-            if world_size > 1:
-                agree_to_stop(run, device)
-    if dist.is_initialized():
-        end_step = global_step + all_envs
-        check_ranks_agree(agent, end_step, (end_step - first_step) / world_size / (time.perf_counter() - t_loop))
+            phase("update")
+            train_step(actor_updates(args, global_step // all_envs))  # trick 14: one graph per training step
+        phase("other")
+        # By then an actor update has run (in this run, if it was resumed): its statistics exist.
+        logged = global_step >= max(args.learning_starts, first_step) + args.policy_frequency * all_envs
+        # Rank 0 alone shows progress and counts returns: of its own envs, as CleanRL does.
+        if rank == 0 and run.tick(global_step + all_envs):
+            # The episodes ended since the last tick count as one, their mean; read back in one sync.
+            ended, return_sum, length_sum = envs.ended_episodes().tolist()
+            if ended:
+                run.episode(global_step + all_envs, return_sum / ended, length_sum / ended)
+            if logged:
+                run.log(global_step, {f"losses/{name}": stats[name] for name in STATS})
 
 
 def evaluate(args, run, saved):
@@ -455,9 +452,9 @@ def evaluate(args, run, saved):
 def main(argv=None):
     """Train, or with --eval-checkpoint evaluate, as the arguments say; returns the record printed last."""
     args, checkpoint = parse_args(Args, __file__, argv)
-    setup_distributed(args)  # torchrun: join the process group before the checks that need the world
+    ranks = setup_distributed(args)  # torchrun: join the process group before the checks that need the world
     check_args(args)
-    run = Run(args, __file__, checkpoint)
+    run = Run(args, __file__, checkpoint, ranks)
     if args.eval_checkpoint:
         return run.evaluation(evaluate(args, run, checkpoint["state"]))
     with run.stoppable():

@@ -14,18 +14,31 @@ import torch
 # The scripts import the harness and the GPU env modules from leanrl/, as they do when run as leanrl/<script>.py.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "leanrl"))
 STOPS = (signal.SIGINT, signal.SIGTERM)
-# What libraries set for the process as they first load: pytest's own, Inductor's cache folder, matplotlib's.
-OWN_VARIABLES = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "MPLBACKEND", "MPLCONFIGDIR"}
+# What modules set for the process as they first load: pytest's own, Inductor's cache folder, matplotlib's, and the
+# JAX setting of the benches that compare with it.
+OWN_VARIABLES = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "MPLBACKEND", "MPLCONFIGDIR",
+                 "XLA_PYTHON_CLIENT_PREALLOCATE"}  # fmt: skip
 RECEIVED = []  # the read end of a pipe each signal this process receives writes its number into
+
+
+# `pytest -m quick`: the harness once, the scripts' shared contract and every script's bad input, in minutes.
+QUICK_FILES = {"test_contract.py", "test_harness.py"}
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "signals: the test sends SIGINT or SIGTERM to this process on purpose")
+    config.addinivalue_line("markers", "quick: the quick subset (pytest -m quick), a few minutes on 2 cores")
     read, write = os.pipe()
     os.set_blocking(read, False)
     os.set_blocking(write, False)
     signal.set_wakeup_fd(write, warn_on_full_buffer=False)  # written whatever handler a script has put in
     RECEIVED.append(read)
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.path.name in QUICK_FILES or "bad_input" in item.name:
+            item.add_marker(pytest.mark.quick)
 
 
 def signals_received():

@@ -41,6 +41,7 @@ N_OBS, N_ACT, CPU = 4, 3, torch.device("cpu")
 BAD_INPUT = [
     (["--env-id", "NoSuchEnv-v0"], ["NoSuchEnv-v0"]),
     (["--env-id", "Pendulum-v1"], ["Pendulum-v1", "discrete"]),
+    (["--env-id", "Blackjack-v1"], ["--env-id Blackjack-v1 has a Tuple observation space", "flat Box"]),
     (["--batch-size", "0"], ["--batch-size"]),
     (["--buffer-size", "0"], ["--buffer-size"]),
     (["--buffer-size", "10", "--batch-size", "256"], ["--buffer-size", "--batch-size"]),

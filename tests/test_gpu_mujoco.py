@@ -97,6 +97,7 @@ def test_twin_iterations(mode, capsys):
         assert list(steps) == iteration_ends and np.isfinite(values).all(), stat
 
 
+@pytest.mark.signals
 @pytest.mark.parametrize("name", [NAME, FAST])
 def test_resume_is_the_uninterrupted_run(name, capsys, monkeypatch):
     """Stopped by Ctrl-C in its third iteration (the baseline's within its rollout, the twin's as its rollout ends: its

@@ -127,7 +127,7 @@ def test_two_ranks_train_as_one_run(name, two_ranks):
 def test_two_ranks_go_on_from_a_checkpoint(two_ranks):
     """The twin's two ranks resumed from rank 0's checkpoint (every rank restores it, its envs too) train on to the
     new total as one run again: their statistics go on from the checkpoint's, each rank adding what its worlds see
-    (counted once), and the worlds part at the first step (the ranks other than 0 reseeded in join_ranks)."""
+    (counted once), and the worlds part at the first step (the ranks other than 0 reseeded as run.start joins them)."""
     folder, results = two_ranks
     one, other = results[("resumed", 0)], results[("resumed", 1)]
     check_one_run(folder, "resumed", one, other, RESUMED_STEPS)

@@ -255,6 +255,9 @@ class Run:
         if self.window is not None:
             self.warmup_lines.join()  # no thread left at the interpreter's exit
         completed = self.window is not None and not (self.interrupted or self.diverged)
+        if self.ranks and self.window is not None and not self.abrupt and self.stops.signal is None:
+            # every rank ran the loop to its end: a loss gone NaN in the last step, which only rank 0 logs, is agreed
+            completed = not self.ranks.agree_to_stop(signal.SIGTERM if self.diverged else 0, self.device)
         if completed and self.args.save_dir:
             self.save(self.steps)
         if self.device.type == "cuda":

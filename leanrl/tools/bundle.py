@@ -889,6 +889,8 @@ def main(argv=None):
         fail(f"{script}: no such script" if not script.exists() else f"{script} is not a file")
     if script.suffix != ".py":
         fail(f"{script}: a training script is a .py file")
+    if (script.resolve().parent / "__init__.py").is_file():  # harness/run.py: a relative import would say why
+        fail(f"{script} is a module of the package {script.resolve().parent.name}, not a training script")
     if output is None:
         try:
             bundler = Bundler(script.resolve())
