@@ -1,6 +1,7 @@
 """benchkit.py, the helpers the tools in leanrl/tools share: counts as 4096 or 2^12, the timed calls after the warm-up,
 a module that does not import, a size that runs out of memory, the markdown tables, argparse's errors as one line."""
 
+import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -69,3 +70,11 @@ def test_markdown_table():
         "| x | 1 | 2.5 |",
         "| y | | – |",
     ]
+
+
+def test_run_as_a_command_it_names_the_tools():
+    """benchkit.py is no tool: run (with --help or not), it says so in one line and names the tools."""
+    proc = subprocess.run([sys.executable, benchkit.__file__, "--help"], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert proc.stderr.startswith("error: benchkit.py is the module the tools share, not a tool: run one of")
+    assert "scaling_bench.py" in proc.stderr and proc.stderr.count("\n") == 1
