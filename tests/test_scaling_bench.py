@@ -25,7 +25,7 @@ def test_one_process_and_two_ranks_stopped_after_their_seconds(tmp_path):
                  "--total-timesteps", 10**9)  # fmt: skip
     assert done.returncode == 0, done.stderr
     failed = bench(tmp_path, "--gpus", 1, "--seconds", 12, "--out", out, "--", SCRIPT, *SMALL, "--gamma", 2)
-    assert failed.returncode == 0, failed.stderr
+    assert failed.returncode == 1, failed.stderr  # the run left no record
     records = [json.loads(line) for line in (out / "scaling.jsonl").read_text().splitlines()]
     assert [r["gpus"] for r in records] == [1, 2, 1]
     for r in records[:2]:  # stopped by SIGTERM, as Ctrl-C would: each has its steady window

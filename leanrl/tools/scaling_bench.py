@@ -15,7 +15,8 @@ Appends each run's record, with its `gpus` and the command's arguments, to OUT/s
 OUT/scaling.md from all of that file's records: a row per script, arguments and GPU count, with the env steps/s,
 the rate per GPU, the speed-up over one GPU and the efficiency (speed-up / GPUs), the warm-up and the return; and
 OUT/returns.png: each run's mean return against seconds from its start (its record's return curve). Each run's
-stdout and stderr go to OUT/logs/. A run that ends without a record is a row that says how it ended.
+stdout and stderr go to OUT/logs/. A run that ends without a record is a row that says how it ended, and the
+bench's exit code is then 1.
 `--render` rewrites scaling.md and returns.png from OUT/scaling.jsonl alone (records gathered from several
 machines or calls), running nothing.
 """
@@ -78,7 +79,7 @@ def run(command, gpus, seconds, out):
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
-    record = {"failed": f"exit code {process.returncode}, no record (see logs/{name}.log)"}
+    record = {"failed": f"exit code {process.returncode}, no record (see {os.path.join(out, 'logs', name)}.log)"}
     if os.path.exists(speed_log) and os.path.getsize(speed_log):
         with open(speed_log) as f:
             record = json.loads(f.read().splitlines()[-1])
@@ -148,9 +149,10 @@ def plot_returns(records, path):
 
 def main():
     args = parse_args()
-    path = os.path.join(args.out, "scaling.jsonl")
+    path, failed = os.path.join(args.out, "scaling.jsonl"), 0
     for gpus in [] if args.render else args.gpus:
         record = run(args.command, gpus, args.seconds, args.out)
+        failed += "failed" in record
         with open(path, "a") as f:
             f.write(json.dumps(record) + "\n")
         steady = "" if record.get("steady") else " (not steady: still in its warm-up)"
@@ -162,7 +164,8 @@ def main():
     write_lines(os.path.join(args.out, "scaling.md"), table(records, args.target))
     plot_returns(records, os.path.join(args.out, "returns.png"))
     print(f"wrote {os.path.join(args.out, 'scaling.md')} and returns.png")
+    return 1 if failed else 0  # a run that left no record fails the bench, as run.sh's failed runs fail it
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
