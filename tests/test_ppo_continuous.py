@@ -387,3 +387,12 @@ def test_bad_input_cli(name):
 
 def test_cudagraphs_without_cuda_warns_once():
     assert_cudagraphs_fallback(FAST, *TINY)
+
+
+def test_resume_with_another_num_envs_is_one_line(capsys):
+    """--resume-anyway with another --num-envs: the observation statistics, one per env, cannot go on; one error line
+    says so in the run's terms (it was Python's `zip() argument 2 is shorter than argument 1`)."""
+    argv = ["--env-id", "Pendulum-v1", "--num-steps", "64", "--no-tensorboard"]
+    run_main(BASE, [*argv, "--num-envs", "1", "--total-timesteps", "128", "--save-dir", "saved"], capsys)
+    argv += ["--num-envs", "2", "--total-timesteps", "512", "--resume", "saved", "--resume-anyway"]
+    assert_one_line_error(run_bad_input(BASE, argv, capsys), "does not fit this run", "another --num-envs?")

@@ -59,7 +59,10 @@ def load_state(state, saved, env_id, name="state"):
             group.update({key: tensor.copy_(torch.as_tensor(group[key])) for key, tensor in kept.items()})
     except (RuntimeError, ValueError, KeyError) as e:  # another network or env size than the checkpoint's
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]  # torch's first says only "Error(s)"
-        fail(f"--resume: the checkpoint's {name} does not fit this run on {env_id}: {lines[min(1, len(lines) - 1)]}")
+        why = lines[min(1, len(lines) - 1)]
+        if why.startswith("zip()"):  # a strict zip of per-env parts: Python's words say nothing of the run
+            why = "it holds another number of parts, one per env (another --num-envs?)"
+        fail(f"--resume: the checkpoint's {name} does not fit this run on {env_id}: {why}")
 
 
 def rng_states():
