@@ -19,6 +19,7 @@ from helpers import (
     mode_id,
     requires_cuda,
     run_bad_input,
+    run_cli,
     run_interrupted,
     run_main,
     run_main_stderr,
@@ -320,3 +321,12 @@ def test_ctrl_c_ends_with_the_record(name, capsys, monkeypatch):
 def test_bad_input(name, argv, fragments, capsys):
     """One error line naming the flag, and exit code 2, before any training."""
     assert_one_line_error(run_bad_input(name, argv, capsys), *fragments)
+
+
+def test_training_video_without_a_display_prints_no_error_line(monkeypatch):
+    """Without a display, SDL (under pygame) printed `error: XDG_RUNTIME_DIR is invalid ...` as the run's first
+    line, though the run went well: the run's stderr now has no `error:` line at all."""
+    for variable in ("DISPLAY", "WAYLAND_DISPLAY", "SDL_VIDEODRIVER", "XDG_RUNTIME_DIR"):
+        monkeypatch.delenv(variable, raising=False)
+    proc = run_cli(BASE, "--total-timesteps", "300", "--learning-starts", "100", "--no-tensorboard", "--capture-video")
+    assert proc.returncode == 0 and [line for line in proc.stderr.splitlines() if "error" in line.lower()] == []

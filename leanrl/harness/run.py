@@ -325,6 +325,10 @@ def quiet_mujoco(env_id):
 
 def headless_video(args):
     """Without a display, MuJoCo renders videos through EGL, else OSMesa, or --capture-video is refused at start."""
+    if getattr(args, "capture_video", False) and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        # pygame's frames (classic control) are drawn off screen: without it SDL tries a display and prints an
+        # "error:" line of its own (XDG_RUNTIME_DIR), which reads like one of ours
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     if getattr(args, "capture_video", False) and not (os.environ.get("DISPLAY") or os.environ.get("MUJOCO_GL")):
         gl = next((gl for gl, lib in (("egl", "EGL"), ("osmesa", "OSMesa")) if find_library(lib)), None)
         if gl:
