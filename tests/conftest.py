@@ -14,10 +14,9 @@ import torch
 # The scripts import the harness and the GPU env modules from leanrl/, as they do when run as leanrl/<script>.py.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "leanrl"))
 STOPS = (signal.SIGINT, signal.SIGTERM)
-# What modules set for the process as they first load: pytest's own, Inductor's cache folder, matplotlib's, and the
-# JAX setting of the benches that compare with it.
-OWN_VARIABLES = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "MPLBACKEND", "MPLCONFIGDIR",
-                 "XLA_PYTHON_CLIENT_PREALLOCATE"}  # fmt: skip
+# What libraries set for the process as they first load or compile (pytest, Inductor, Triton, matplotlib, and the
+# JAX setting of the benches that compare with it): theirs, not a test's leftovers.
+LIBRARY_VARIABLES = ("PYTEST_", "TORCHINDUCTOR_", "_TORCHINDUCTOR_", "TRITON_", "MPL", "XLA_")
 RECEIVED = []  # the read end of a pipe each signal this process receives writes its number into
 
 
@@ -60,7 +59,8 @@ def leaves_nothing_behind(request):
     if received and not request.node.get_closest_marker("signals"):
         pytest.exit(f"stopped by {signal.Signals(max(received)).name}", returncode=130)
     left = {signal.Signals(s).name: h for s, h in handlers.items() if signal.getsignal(s) != h}
-    changed = {k for k in set(os.environ) | set(environ) if os.environ.get(k) != environ.get(k)} - OWN_VARIABLES
+    changed = {k for k in set(os.environ) | set(environ) if os.environ.get(k) != environ.get(k)}
+    changed = {k for k in changed if not k.startswith(LIBRARY_VARIABLES) or k == "TRITON_INTERPRET"}  # ours, a test's
     for signum, handler in handlers.items():
         signal.signal(signum, handler)
     for name in changed:

@@ -171,7 +171,7 @@ def test_heavier_cartpole_is_gymnasium_substepped():
 def direct_rollout(n, k, seed, calls):
     """The script's own collect in eager mode, built as its train() builds it, after `calls` calls."""
     script = load_script(SCRIPT)
-    args = script.Args(num_envs=n, num_steps=k, seed=seed)
+    args = script.Args(num_envs=n, num_steps=k)
     torch.manual_seed(seed)
     envs = Envs(args.env_id, n, CPU)
     agent = script.Agent(args, envs.physics.n_obs, envs.physics.n_act, CPU)
