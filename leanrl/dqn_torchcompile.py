@@ -52,6 +52,8 @@ class Args:  # the algorithm's flags; parse_args adds the run options every scri
     """compile the update and policy functions with torch.compile"""
     cudagraphs: bool = False  # trick 1: CUDA graphs
     """capture each kind of training step, acting included, as a CUDA graph (tensordict's CudaGraphModule)"""
+    compile_cache: str | None = None  # trick 21: a compile cache to carry
+    """keep --compile's code in this folder and start warm from it, here or on a machine of the same GPU"""
 
 
 # Steps after learning_starts that count as warm-up: the fps window starts after them. At the default

@@ -59,6 +59,8 @@ class Args:  # the algorithm's flags; parse_args adds the run options every scri
     """compile the rollout step, GAE and the update with torch.compile"""
     cudagraphs: bool = False  # trick 1: CUDA graphs
     """capture the rollout, GAE and the update as CUDA graphs (tensordict's CudaGraphModule)"""
+    compile_cache: str | None = None  # trick 21: a compile cache to carry
+    """keep --compile's code in this folder and start warm from it, here or on a machine of the same GPU"""
     fused_rollout: bool = False  # trick 20: the rollout as one Triton kernel
     """run the whole rollout (policy, sampling, env step, auto-reset, storage) as one Triton kernel per iteration"""
 

@@ -22,6 +22,8 @@ class Args:  # the algorithm's flags; parse_args adds the run options every scri
     """the id of the environment: HalfCheetah-v5, Hopper-v5, Walker2d-v5, Ant-v5 or Humanoid-v5"""
     total_timesteps: int = 100000000
     """total timesteps of the experiment, rounded down to whole iterations of --num-envs * --num-steps"""
+    compile_cache: str | None = None
+    """keep Warp's kernels in this folder and start warm from it, here or on a machine of the same GPU"""
     learning_rate: float = 3e-4
     """the learning rate of the optimizer"""
     num_envs: int = 16384

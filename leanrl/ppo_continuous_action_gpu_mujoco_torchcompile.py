@@ -61,6 +61,8 @@ class Args:  # the algorithm's flags; parse_args adds the run options every scri
     """compile the policy, GAE and update functions with torch.compile"""
     cudagraphs: bool = False  # trick 1: CUDA graphs
     """capture the rollout (policy, Warp's physics, resets, storage), GAE and the update as CUDA graphs"""
+    compile_cache: str | None = None  # trick 21: a compile cache to carry
+    """keep --compile's code and Warp's kernels in this folder and start warm from it, here or on a like GPU"""
 
 
 # Iterations that count as warm-up: the fps window starts after them.

@@ -50,6 +50,8 @@ class Args:  # the algorithm's flags; parse_args adds the run options every scri
     """compile the rollout step, the Q(lambda) returns and the update with torch.compile"""
     cudagraphs: bool = False  # trick 1: CUDA graphs
     """capture the rollout, the Q(lambda) returns and the update as CUDA graphs (tensordict's CudaGraphModule)"""
+    compile_cache: str | None = None  # trick 21: a compile cache to carry
+    """keep --compile's code in this folder and start warm from it, here or on a machine of the same GPU"""
 
 
 WARMUP_ITERATIONS = 3  # before the fps window (the twin captures its rollout at the third)

@@ -53,6 +53,8 @@ class Args:  # the algorithm's flags; parse_args adds the run options every scri
     """compile the update and policy functions with torch.compile"""
     cudagraphs: bool = False
     """capture the update and policy functions as CUDA graphs (tensordict's CudaGraphModule)"""
+    compile_cache: str | None = None  # trick 21: a compile cache to carry
+    """keep --compile's code in this folder and start warm from it, here or on a machine of the same GPU"""
 
 
 # Env steps after learning_starts before the fps window opens, and steps --profile-dir profiles at its start.

@@ -65,6 +65,8 @@ class Args:  # the algorithm's flags; parse_args adds the run options every scri
     """compile the update and policy functions with torch.compile"""
     cudagraphs: bool = False  # trick 1: CUDA graphs
     """capture the env step (policy, Warp's physics, storage) and each vector step's updates as CUDA graphs"""
+    compile_cache: str | None = None  # trick 21: a compile cache to carry
+    """keep --compile's code and Warp's kernels in this folder and start warm from it, here or on a like GPU"""
 
 
 # Vector steps (of all envs) after learning_starts before the fps window opens, and vector steps --profile-dir profiles.

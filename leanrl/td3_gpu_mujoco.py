@@ -22,6 +22,8 @@ class Args:  # the algorithm's flags; parse_args adds the run options every scri
     """the id of the environment: HalfCheetah-v5, Hopper-v5, Walker2d-v5, Ant-v5 or Humanoid-v5"""
     total_timesteps: int = 51200000
     """total timesteps of the experiment (env steps of all envs, of all ranks), a multiple of --num-envs x ranks"""
+    compile_cache: str | None = None
+    """keep Warp's kernels in this folder and start warm from it, here or on a machine of the same GPU"""
     num_envs: int = 1024
     """the number of parallel environments (MuJoCo Warp worlds), of each rank under torchrun"""
     learning_rate: float = 3e-4

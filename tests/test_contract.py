@@ -83,8 +83,12 @@ def test_twin_keeps_the_baseline_algorithm_parts(base):
     """What no trick touches stays identical in the twin: Args' algorithm fields, the networks, the checks, the
     evaluation (so that a test of the baseline's evaluation, its video, covers the twin's)."""
     twin = base.with_name(base.stem + "_torchcompile.py")
-    twin_only = ("compile", "cudagraphs", "fused_rollout")  # fused_rollout: the GPU classic-control twin's kernel
-    assert {k: v for k, v in args_fields(twin).items() if k not in twin_only} == args_fields(base)
+    # fused_rollout: the GPU classic-control twin's kernel; compile_cache: the twin's compiled code (and, in both
+    # scripts on MuJoCo Warp, Warp's kernels)
+    twin_only = ("compile", "cudagraphs", "fused_rollout", "compile_cache")
+    assert {k: v for k, v in args_fields(twin).items() if k not in twin_only} == {
+        k: v for k, v in args_fields(base).items() if k != "compile_cache"}
+    assert "compile_cache" in args_fields(twin) and ("compile_cache" in args_fields(base)) == ("gpu_mujoco" in base.stem)
     parts_base, parts_twin = top_level(base), top_level(twin)
     for name in ("check_args", "evaluate", "layer_init", "SoftQNetwork", "QNetwork", "linear_schedule", "STATS",
                  "WARMUP_STEPS", "WARMUP_ITERATIONS"):  # fmt: skip

@@ -19,7 +19,7 @@ POSITIVE = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "upda
             "train_frequency", "eval_episodes", "target_kl", "max_grad_norm")  # fmt: skip
 FRACTIONS = ("gamma", "gae_lambda", "tau")
 # Flags a resumed run may change without --resume-anyway: they change how it runs, not what it computes.
-FREE_ON_RESUME = ("total_timesteps", "compile", "cudagraphs", "cuda", "capture_video")
+FREE_ON_RESUME = ("total_timesteps", "compile", "cudagraphs", "compile_cache", "cuda", "capture_video")
 SEED_MAX = 2**31 - 1  # numpy's and gymnasium's seeds end at 2**32 - 1: room for the ranks' and envs' offsets
 NAME_MAX = 255  # bytes of a file or folder name (runs/<run name>, videos/<run name>)
 
@@ -166,11 +166,12 @@ def check_outputs(args, script):
     """Before the run: every output writable, and no other run's checkpoint overwritten."""
     speed_log_folder = args.speed_log and os.path.dirname(os.path.abspath(args.speed_log))
     folders = {"--save-dir": args.save_dir, "--profile-dir": args.profile_dir, "--speed-log": speed_log_folder,
+               "--compile-cache": getattr(args, "compile_cache", None),
                "runs": args.tensorboard and "runs", "videos": getattr(args, "capture_video", False) and "videos"}
     if args.speed_log and os.path.isdir(args.speed_log):
         fail(f"--speed-log {args.speed_log} is a folder: it names a file, which the record is appended to")
     for option, folder in folders.items():
-        if folder and option in ("--save-dir", "--profile-dir") and os.path.isfile(folder):
+        if folder and option in ("--save-dir", "--profile-dir", "--compile-cache") and os.path.isfile(folder):
             fail(f"{option} {folder} is a file: it names a folder")
         if folder and option in ("runs", "videos") and os.path.isfile(folder):
             what = "TensorBoard's scalars (or pass --no-tensorboard)" if option == "runs" else "the videos"

@@ -31,6 +31,7 @@ from .checkpoints import (
     state_dict,
     write_checkpoint,
 )
+from .compile_cache import CompileCache
 from .options import check_outputs, restarts
 from .progress import CONSOLE_SECONDS, Progress, ScalarLog, fail
 from .signals import StopSignals
@@ -65,11 +66,17 @@ class Run:
             torch.set_num_threads(args.torch_threads)
         if not args.eval_checkpoint:
             check_outputs(args, self.script)
+        self.compile_cache = None
+        if getattr(args, "compile_cache", None):
+            if not (getattr(args, "compile", False) or "warp" in sys.modules):  # MuJoCo Warp builds kernels
+                fail("--compile-cache keeps what --compile builds: pass --compile too")
+            self.compile_cache = CompileCache(args.compile_cache, self.device)
         headless_video(args)
         quiet_mujoco(args.env_id)
         self.video_folder = os.path.join("videos", self.run_name) if getattr(args, "capture_video", False) else None
         self.steps, self.window, self.profiler, self.progress, self.scalars = 0, None, None, None, None
         self.state, self.replicated, self.open_phase, self.phase_name = None, None, None, "start"
+        self.warmup_split, self.t_mark = {}, self.t_start  # the warm-up's seconds by phase, "start" before the loop
         self.finished, self.saved_step = threading.Event(), None
         # interrupted: by a signal; abrupt: at once, not where the loop's next unit begins
         self.interrupted, self.abrupt, self.diverged = False, False, None
@@ -129,7 +136,9 @@ class Run:
         now = time.perf_counter()
         self.stops.unit_begins(now - self.t_unit)
         self.steps, self.t_unit = step, now
+        self.mark(now)
         self.end_phase()
+        self.phase_name = "other"  # until the loop names a phase
         if self.ranks:
             asked = self.stops.pending or (signal.SIGTERM if self.diverged else 0)
             self.stops.agreed(self.ranks.agree_to_stop(asked, self.device))
@@ -139,7 +148,12 @@ class Run:
         if stop:
             self.interrupted = self.diverged is None
             return False
-        if self.window.opens(step) and self.args.profile_dir:
+        opened = self.window.opens(step)
+        if opened and self.compile_cache and self.rank == 0:  # the warm-up's code, for the next start
+            t_save = time.perf_counter()
+            self.compile_cache.save()
+            self.window.paused += time.perf_counter() - t_save
+        if opened and self.args.profile_dir:
             cuda = self.device.type == "cuda"
             self.profiler = profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda)
             self.profiler.start()
@@ -151,11 +165,18 @@ class Run:
     def phase(self, name):
         """The time from here to the next phase() or unit of work is spent on `name` (policy, env_step, data,
         update, other: --profile-dir's layers)."""
+        self.mark(time.perf_counter())
         self.phase_name = name
         if self.profiler is not None:
             self.end_phase()
             self.open_phase = record_function(name)
             self.open_phase.__enter__()
+
+    def mark(self, now):
+        """The seconds since the last mark were spent on phase_name: the warm-up's split."""
+        if self.window is None or self.window.t_open is None:
+            self.warmup_split[self.phase_name] = self.warmup_split.get(self.phase_name, 0.0) + now - self.t_mark
+        self.t_mark = now
 
     def end_phase(self):
         if self.open_phase is not None:
@@ -296,6 +317,7 @@ class Run:
             "resumed_from": window.first_step if self.checkpoint is not None else None, "restarts": restarts(),
             "checkpoint_seconds": round(window.paused, 3),
             "warmup_seconds": round((window.t_open if steady else window.t_loop) - self.t_start, 3),
+            "warmup_split": {phase: round(seconds, 3) for phase, seconds in self.warmup_split.items()},
             "wall_seconds": round(t_end - self.t_start, 3),
             "episodic_return": self.progress and self.progress.mean_return(),
             "return_curve": self.progress and self.progress.curve or [],

@@ -1,7 +1,8 @@
 """Data-parallel scaling of a training script on this machine's GPUs: the script alone (one process, no torchrun:
 what a user of one GPU runs) and under torchrun on N GPUs (one rank each), every run stopped by SIGTERM after
 --seconds, as Ctrl-C would stop it, or ended by its own --total-timesteps. The numbers are the runs' speed records
-(docs/contract.md): fps is the steady rate after warm-up, summed over the ranks.
+(docs/contract.md): fps is the steady rate after warm-up, summed over the ranks. Without CUDA (the runs' records say
+device "cpu") the counts are CPU processes, N ranks over gloo, and the lines, the table and the plot say so.
 
     # the PPO-on-Warp twin at 1, 2 and 4 GPUs, 16,384 worlds per rank, 60 s each
     python leanrl/tools/scaling_bench.py --gpus 1 2 4 --seconds 60 --out runs/scaling -- \\
@@ -13,7 +14,8 @@ what a user of one GPU runs) and under torchrun on N GPUs (one rank each), every
 
 Appends each run's record, with its `gpus` and the command's arguments, to OUT/scaling.jsonl, and rewrites
 OUT/scaling.md from all of that file's records: a row per script, arguments and GPU count, with the env steps/s,
-the rate per GPU, the speed-up over one GPU and the efficiency (speed-up / GPUs), the warm-up and the return; and
+the rate per GPU, the speed-up over one GPU and the efficiency (speed-up / GPUs), the warm-up and the return (a run
+without a steady rate, stopped or ended in its warm-up, says which instead); and
 OUT/returns.png: each run's mean return against seconds from its start (its record's return curve). Each run's
 stdout and stderr go to OUT/logs/. A run that ends without a record is a row that says how it ended, and the
 bench's exit code is then 1.
@@ -36,7 +38,8 @@ GRACE_SECONDS = 120  # after SIGTERM: the current unit of work, the checkpoint, 
 
 def parse_args():
     parser = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--gpus", type=int, nargs="+", default=[1, 2], help="GPU counts to run (1: no torchrun)")
+    parser.add_argument("--gpus", type=int, nargs="+", default=[1, 2],
+                        help="GPU counts to run (1: no torchrun);\nwithout CUDA, CPU ranks over gloo")  # fmt: skip
     parser.add_argument("--seconds", type=float, default=60.0, help="stop each run after this many seconds")
     parser.add_argument("--target", type=float, help="also report when the mean return first reached this")
     parser.add_argument("--out", default="runs/scaling", help="folder of scaling.jsonl, scaling.md and logs/")
@@ -61,9 +64,9 @@ def parse_args():
 
 
 def run(command, gpus, seconds, out):
-    """One run: its speed record with `gpus`, or {"failed": how it ended}."""
+    """One run: its speed record with `gpus`, or {"failed": how it ended} (and "device": "cpu" without CUDA)."""
     script, script_args = command[0], command[1:]
-    name = f"{os.path.basename(script).removesuffix('.py')}-{gpus}gpu-{int(time.time())}"
+    name = f"{os.path.basename(script).removesuffix('.py')}-{gpus}proc-{int(time.time())}"  # GPUs or CPU ranks
     speed_log = os.path.join(out, "logs", f"{name}.jsonl")
     launcher = [sys.executable] if gpus == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                                     f"--nproc_per_node={gpus}"]  # fmt: skip
@@ -83,6 +86,11 @@ def run(command, gpus, seconds, out):
     if os.path.exists(speed_log) and os.path.getsize(speed_log):
         with open(speed_log) as f:
             record = json.loads(f.read().splitlines()[-1])
+    else:
+        import torch  # here only: the bench itself needs no torch
+
+        if not torch.cuda.is_available():  # no record says where it ran, but without CUDA it was on the CPU
+            record["device"] = "cpu"
     return {**record, "gpus": gpus, "command": " ".join([os.path.basename(script), *script_args]), "date": utc_date()}
 
 
@@ -91,19 +99,44 @@ def seconds_to(curve, target):
     return next(((seconds, step) for step, seconds, mean in curve if mean is not None and mean >= target), None)
 
 
+def processes(n, device):
+    """n processes in words: GPUs under CUDA, CPU processes (torchrun's ranks over gloo) on the CPU, and neither for
+    a run that left no record to say which."""
+    if device == "cuda":
+        return f"{n} GPU{'s' if n > 1 else ''}"
+    return f"{n} {'CPU ' if device == 'cpu' else ''}{'ranks' if n > 1 else 'process'}"
+
+
+def no_steady_rate(r):
+    """Why a record's fps covers its whole loop, not the steady window: how the run ended before that opened."""
+    if r.get("diverged"):  # first: under torchrun a diverged run is marked interrupted too
+        return f"diverged after {r['wall_seconds']:.0f} s, before its fps window opened: no steady rate"
+    if r.get("interrupted"):  # by the bench's SIGTERM after --seconds
+        return f"stopped in its warm-up after {r['wall_seconds']:.0f} s: no steady rate; give it more --seconds"
+    return (f"ended (its --total-timesteps, {r['total_timesteps']:,} env steps) after {r['wall_seconds']:.0f} s, "
+            "before its fps window opened: no steady rate; give it more --total-timesteps")  # fmt: skip
+
+
 def table(records, target):
-    header = ["command", "GPUs", "env steps/s", "per GPU", "speed-up", "efficiency", "warm-up s", "seconds",
+    devices = {r["device"] for r in records if "device" in r}
+    # One device: the column names it and each row has a bare count; records of both (or none), each row says.
+    device = devices.pop() if len(devices) == 1 else None
+    header = ["command", {"cuda": "GPUs", "cpu": "CPU processes"}.get(device, "processes"), "env steps/s",
+              "per GPU" if device == "cuda" else "per process", "speed-up", "efficiency", "warm-up s", "seconds",
               "return"] + ([f"s to {target:g} (after warm-up)"] if target is not None else [])  # fmt: skip
-    alone = {r["command"]: r["fps"] for r in records if r["gpus"] == 1 and r.get("steady")}
+    # speed-up over the same command's one process on the same device: never a GPU's over a CPU's
+    alone = {(r["command"], r.get("device")): r["fps"] for r in records if r["gpus"] == 1 and r.get("steady")}
     rows = []
-    for r in sorted(records, key=lambda r: (r["command"], r["gpus"])):
-        if "fps" in r and not r["steady"]:  # stopped in its warm-up: no steady rate to compare
-            r = {**r, "fps": None, "failed": f"stopped in its warm-up after {r['wall_seconds']:.0f} s: run it longer"}
+    for r in sorted(records, key=lambda r: (r["command"], r.get("device", ""), r["gpus"])):
+        count = r["gpus"] if device else processes(r["gpus"], r.get("device"))
+        if "fps" in r and not r["steady"]:  # no steady rate to compare
+            r = {**r, "fps": None, "failed": no_steady_rate(r)}
         if r.get("fps") is None:
-            rows.append([r["command"], r["gpus"], r["failed"]] + [""] * (len(header) - 3))
+            rows.append([r["command"], count, r["failed"]] + [""] * (len(header) - 3))
             continue
-        speedup = r["fps"] / alone[r["command"]] if r["command"] in alone else None
-        row = [r["command"], r["gpus"], f"{r['fps']:,.0f}", f"{r['fps'] / r['gpus']:,.0f}",
+        one = alone.get((r["command"], r.get("device")))
+        speedup = r["fps"] / one if one else None
+        row = [r["command"], count, f"{r['fps']:,.0f}", f"{r['fps'] / r['gpus']:,.0f}",
                f"{speedup:.2f}x" if speedup else "", f"{speedup / r['gpus']:.0%}" if speedup else "",
                r["warmup_seconds"], r["wall_seconds"], r["episodic_return"]]  # fmt: skip
         if target is not None:
@@ -125,10 +158,10 @@ def command_parts(command):
 
 
 def run_labels(records):
-    """Each run's label: the parts of its command that not every run shares, and its GPU count."""
+    """Each run's label: the parts of its command that not every run shares, and its GPUs or CPU processes."""
     shared = set.intersection(*[set(command_parts(r["command"])) for r in records])
-    return [", ".join([part for part in command_parts(r["command"]) if part not in shared] + [f"{r['gpus']} GPU(s)"])
-            for r in records]  # fmt: skip
+    return [", ".join([part for part in command_parts(r["command"]) if part not in shared]
+                      + [processes(r["gpus"], r.get("device"))]) for r in records]  # fmt: skip
 
 
 def plot_returns(records, path):
@@ -155,10 +188,13 @@ def main():
         failed += "failed" in record
         with open(path, "a") as f:
             f.write(json.dumps(record) + "\n")
-        steady = "" if record.get("steady") else " (not steady: still in its warm-up)"
-        print(
-            f"{gpus} GPU(s): " + (f"{record['fps']:,.0f} env steps/s{steady}" if "fps" in record else record["failed"])
-        )
+        if "fps" not in record:
+            result = record["failed"]
+        elif record["steady"]:
+            result = f"{record['fps']:,.0f} env steps/s"
+        else:
+            result = f"{no_steady_rate(record)} ({record['fps']:,.0f} env steps/s over its whole loop)"
+        print(f"{processes(gpus, record.get('device'))}: {result}")
     with open(path) as f:
         records = [json.loads(line) for line in f]
     write_lines(os.path.join(args.out, "scaling.md"), table(records, args.target))

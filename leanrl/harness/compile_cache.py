@@ -1,0 +1,44 @@
+"""--compile-cache DIR: what a warm-up builds, kept in a folder that a fresh process, or another machine of the same
+GPU and versions, starts warm from: torch.compile's artifacts (PyTorch's portable cache: Inductor, AOTAutograd,
+Triton, autotuning) and MuJoCo Warp's kernels."""
+
+import hashlib
+import json
+import os
+import sys
+
+import torch
+
+
+class CompileCache:
+    def __init__(self, folder, device):
+        """Loads this GPU's and versions' torch artifacts from folder; Warp, not started yet, builds into folder."""
+        os.makedirs(folder, exist_ok=True)
+        gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        self.made_with = f"torch {torch.__version__} (CUDA {torch.version.cuda}) on {gpu}"
+        # A file per GPU and versions: another's artifacts are never loaded, and its file stays for its machines.
+        self.file = os.path.join(folder, f"torch-{hashlib.sha256(self.made_with.encode()).hexdigest()[:16]}.bin")
+        os.environ["WARP_CACHE_PATH"] = os.path.join(folder, "warp")  # Warp keeps a folder per version in it
+        said = f"--compile-cache {folder}:"
+        try:
+            with open(self.file, "rb") as f:
+                torch.compiler.load_cache_artifacts(f.read())
+            print(f"{said} the compiled code of {self.made_with} loaded", file=sys.stderr)
+            return
+        except FileNotFoundError:
+            pass
+        except Exception as e:  # a truncated copy: compiled again, and written anew after the warm-up
+            print(f"{said} {os.path.basename(self.file)} unreadable ({type(e).__name__}): compiling", file=sys.stderr)
+            return
+        others = [open(os.path.join(folder, n)).read() for n in sorted(os.listdir(folder)) if n.endswith(".txt")]
+        print(f"{said} nothing for {self.made_with} yet" + (f" (it holds {'; '.join(others)})" if others else "")
+              + ": compiling, saved there after the warm-up", file=sys.stderr)  # fmt: skip
+
+    def save(self):
+        """What this process compiled or loaded, beside other machines' artifacts; each file written atomically."""
+        artifacts = torch.compiler.save_cache_artifacts()
+        for path, data in ((self.file, artifacts and artifacts[0]), (self.file[:-4] + ".txt", self.made_with.encode())):
+            if artifacts:
+                with open(f"{path}.{os.getpid()}.tmp", "wb") as f:
+                    f.write(data)
+                os.replace(f"{path}.{os.getpid()}.tmp", path)
