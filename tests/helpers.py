@@ -27,7 +27,7 @@ TESTS = ROOT / "tests"
 RECORD_KEYS = {
     "script", "env_id", "seed", "compile", "cudagraphs", "device", "gpu", "cpu_count", "torch", "torch_threads",
     "total_timesteps", "fps", "steady", "interrupted", "diverged", "amp", "fps_overall", "resumed_from", "restarts",
-    "checkpoint_seconds", "warmup_seconds", "wall_seconds", "episodic_return", "return_curve",
+    "checkpoint_seconds", "warmup_seconds", "warmup_split", "wall_seconds", "episodic_return", "return_curve",
 }  # fmt: skip
 # The four modes of a compiled script.
 MODES = [[], ["--compile"], ["--cudagraphs"], ["--compile", "--cudagraphs"]]
@@ -90,6 +90,9 @@ def run_main_stderr(name, argv, capsys, interrupted=False):
     # fps is never null: the steady window's, or the whole loop's for a run too short to reach it.
     assert record["fps"] > 0 and record["fps_overall"] > 0
     assert 0 < record["warmup_seconds"] <= record["wall_seconds"]  # equal, in ms, for a loop ended within its first ms
+    # the split covers the warm-up: "start" before the loop, the loop's phases after (rounding aside)
+    assert "start" in record["warmup_split"] and set(record["warmup_split"]) <= {"start", *PHASES}
+    assert sum(record["warmup_split"].values()) <= record["warmup_seconds"] + 0.01
     assert record["torch_threads"] == flag_value(argv, "--torch-threads", 1) == torch.get_num_threads()
     assert record["env_id"] == env_id and record["seed"] == flag_value(argv, "--seed", 1)
     runs = set(cwd.glob(pattern)) - earlier_runs

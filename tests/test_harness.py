@@ -573,3 +573,40 @@ def test_a_stop_during_a_long_unit_cuts_it_short(workdir):
     assert "stopping in the middle of it" in err and "the checkpoint in run is the last one saved: none" in err
     assert json.loads(out.strip().splitlines()[-1])["total_timesteps"] == 0
     assert not (workdir / "run" / f"{NAME}.pt").exists()
+
+
+def test_compile_cache_keeps_a_file_per_gpu_and_torch(monkeypatch, capsys):
+    """--compile-cache: the warm-up's artifacts go into a file named for this device and torch version, which the
+    next start loads; a folder holding only another version's file says so in one line and is not loaded from; an
+    unreadable file is compiled over; Warp builds its kernels in the folder."""
+    from harness.compile_cache import CompileCache
+
+    loaded, version, cpu = [], torch.__version__, torch.device("cpu")
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"artifacts of " + version.encode(), None))
+    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", loaded.append)
+    monkeypatch.setenv("WARP_CACHE_PATH", "restored after the test")
+    CompileCache("cache", cpu).save()
+    assert "--compile-cache cache: nothing for torch" in capsys.readouterr().err and loaded == []
+    assert os.environ["WARP_CACHE_PATH"] == os.path.join("cache", "warp")
+    (ours,) = Path("cache").glob("torch-*.bin")
+    CompileCache("cache", cpu)
+    assert loaded == [b"artifacts of " + version.encode()] and "loaded" in capsys.readouterr().err
+    monkeypatch.setattr(torch, "__version__", "0.0.0")
+    CompileCache("cache", cpu)
+    err = capsys.readouterr().err
+    assert len(loaded) == 1 and f"nothing for torch 0.0.0 (CUDA" in err and f"(it holds torch {version} (CUDA" in err
+    monkeypatch.setattr(torch, "__version__", version)
+
+    def truncated(data):
+        raise EOFError
+
+    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", truncated)
+    CompileCache("cache", cpu).save()
+    assert f"{ours.name} unreadable (EOFError): compiling" in capsys.readouterr().err
+    assert ours.read_bytes() == b"artifacts of " + version.encode() and not list(Path("cache").glob("*.tmp"))
+
+
+def test_compile_cache_keeps_what_compile_builds(capsys):
+    """--compile-cache in a twin run without --compile (and off MuJoCo Warp) would keep nothing: one line."""
+    proc = run_bad_input("ppo_continuous_action_torchcompile", ["--compile-cache", "cache"], capsys)
+    assert_one_line_error(proc, "--compile-cache keeps what --compile builds: pass --compile too")

@@ -4,6 +4,7 @@ normalisation statistics in checkpoints (resume and evaluation), a learning test
 
 import functools
 import json
+from pathlib import Path
 
 import numpy as np
 import ppo
@@ -63,8 +64,11 @@ def test_baseline_iterations(extra, capsys):
 @pytest.mark.parametrize("mode", MODES, ids=mode_id)
 @pytest.mark.usefixtures("eager_random")  # as in the equivalence tests, which then reuse these graphs
 def test_compiled_iterations(mode, capsys):
-    record = run_mode(FAST, TINY, mode, capsys)
+    """With --compile, --compile-cache keeps what the warm-up compiled: a file for this device and torch."""
+    cache = ["--compile-cache", "cache"] * ("--compile" in mode)
+    record = run_mode(FAST, TINY + cache, mode, capsys)
     check_record(record)
+    assert len(list(Path("cache").glob("torch-*.bin"))) == len(cache) // 2
 
 
 @pytest.mark.parametrize("name", [BASE, FAST])
