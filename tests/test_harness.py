@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,7 @@ from helpers import (
 import harness
 
 NAME = "least_squares"
+IMPORTED = time.perf_counter()  # this process started earlier
 pytestmark = pytest.mark.usefixtures("workdir")
 
 
@@ -610,3 +612,11 @@ def test_compile_cache_keeps_what_compile_builds(capsys):
     """--compile-cache in a twin run without --compile (and off MuJoCo Warp) would keep nothing: one line."""
     proc = run_bad_input("ppo_continuous_action_torchcompile", ["--compile-cache", "cache"], capsys)
     assert_one_line_error(proc, "--compile-cache keeps what --compile builds: pass --compile too")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's /proc gives a process's start")
+def test_a_run_counts_its_seconds_from_the_process_start():
+    """warmup_seconds and the curve's seconds count the imports before the harness: from the process's start."""
+    from harness.run import age
+
+    assert age() > time.perf_counter() - IMPORTED

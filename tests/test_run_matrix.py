@@ -1,6 +1,7 @@
 """run.sh and speed_report.py: the report on fixture JSONLs (short, interrupted, failed and missing runs
 included), the done and append commands run.sh uses, the matrix end to end on a copy of the repository (the
-SAC baseline plus a fake compiled script that fails in one mode), Ctrl-C and resume, bad input."""
+SAC baseline plus a fake compiled script that fails in one mode), Ctrl-C and resume, runs on several GPUs at a
+time (--gpus), bad input."""
 
 import json
 import os
@@ -15,10 +16,12 @@ from helpers import ROOT, assert_one_line_error, run_cli
 REPORT = "tools/speed_report"
 # Overrides --quick's horizons (they come after them) so that the SAC baseline finishes fast on a CPU.
 SHORT = ["--", "--total-timesteps", "600", "--learning-starts", "100", "--batch-size", "32", "--buffer-size", "2000"]
-# A stand-in for a compiled script: it records the arguments it got, and fails with --cudagraphs alone. Its
-# seed-1 runs reach their steady window, the others are short. With FAKE_INTERRUPT=1, --compile alone prints a
-# progress line, waits FAKE_HOLD seconds and presses Ctrl-C for its whole process group (run.sh's too), then
-# ends as the scripts do: a record of the steps done, marked interrupted, and exit code 130.
+# A stand-in for a compiled script: it records the arguments and the CUDA_VISIBLE_DEVICES it got, and fails with
+# --cudagraphs alone. Its seed-1 runs reach their steady window, the others are short. With FAKE_INTERRUPT=1,
+# --compile alone prints a progress line, waits FAKE_HOLD seconds and presses Ctrl-C for its whole process group
+# (run.sh's too), then ends as the scripts do: a record of the steps done, marked interrupted, and exit code 130.
+# With FAKE_PEER=<file> too, the run without flags prints the same line, creates the file and waits for the
+# Ctrl-C, which the --compile run sends once the file is there: two runs in flight get it.
 FAKE = """import json, os, signal, sys, time
 argv = sys.argv[1:]
 if "--cudagraphs" in argv and "--compile" not in argv:
@@ -28,12 +31,21 @@ seed = int(argv[argv.index("--seed") + 1])
 record = {"script": "fake_torchcompile", "seed": seed, "fps": 100.0 * len(argv), "steady": seed == 1,
           "interrupted": False, "total_timesteps": 10000, "torch_threads": 1,
           "compile": "--compile" in argv, "cudagraphs": "--cudagraphs" in argv, "argv": argv,
+          "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
           "return_curve": [[10, 0.5, -3.0], [20, 1.0, -1.0]]}
-if os.environ.get("FAKE_INTERRUPT") == "1" and "--compile" in argv and "--cudagraphs" not in argv:
+peer = os.environ.get("FAKE_PEER")
+presses = "--compile" in argv and "--cudagraphs" not in argv
+waits = peer and "--compile" not in argv and "--cudagraphs" not in argv
+if os.environ.get("FAKE_INTERRUPT") == "1" and (presses or waits):
     print("fake_torchcompile: 1200/10000 steps, fps 99, return -1.5, eta 0.1 min", file=sys.stderr, flush=True)
     try:
-        time.sleep(float(os.environ.get("FAKE_HOLD", "0")))
-        os.killpg(0, signal.SIGINT)
+        if waits:
+            open(peer, "w").close()
+        else:
+            while peer and not os.path.exists(peer):
+                time.sleep(0.01)
+            time.sleep(float(os.environ.get("FAKE_HOLD", "0")))
+            os.killpg(0, signal.SIGINT)
         time.sleep(60)
     except KeyboardInterrupt:
         record.update(interrupted=True, steady=False, total_timesteps=1200)
@@ -247,8 +259,9 @@ def repo(tmp_path):
 
 
 def run_sh(root, *argv, **env):
-    """run.sh in a session of its own: a Ctrl-C that the fake script sends its process group stays there."""
-    env = {**os.environ, "PYTHON": sys.executable, **env}
+    """run.sh in a session of its own: a Ctrl-C that the fake script sends its process group stays there. An env
+    variable given as None is unset."""
+    env = {k: v for k, v in {**os.environ, "PYTHON": sys.executable, **env}.items() if v is not None}
     return subprocess.run([str(root / "run.sh"), *map(str, argv)], capture_output=True, text=True, env=env,
                           timeout=600, start_new_session=True)  # fmt: skip
 
@@ -279,6 +292,8 @@ def test_matrix_end_to_end_and_resume(repo, tmp_path):
     assert both["argv"][:6] == ["--compile", "--cudagraphs", "--seed", "1", "--total-timesteps", "10000"]
     assert eager["argv"][2:4] == ["--total-timesteps", "10000"] and eager["argv"][4:-2] == SHORT[1:]
     assert compiled["argv"][0] == "--compile" and "--cudagraphs" not in compiled["argv"]
+    # one run at a time (no --gpus): CUDA_VISIBLE_DEVICES as run.sh found it
+    assert {r["cuda_visible_devices"] for r in (eager, compiled, both)} == {os.environ.get("CUDA_VISIBLE_DEVICES")}
     # The plan, written before the first run; each run's start, outcome and, while runs are left, the matrix's ETA.
     names = ["sac_continuous_action__baseline__s1"] + [f"fake_torchcompile__{r['mode']}__s1" for r in records[1:]]
     assert (out / "plan.txt").read_text().splitlines() == names
@@ -357,11 +372,98 @@ def test_interrupt_and_resume(repo, tmp_path):
     assert table_rows(md)["fake"] == ["–", "400, 1 short", "500, 1 short", "failed (2)", "600, 1 short", "–"]
 
 
+MODES = ("eager", "compile", "cudagraphs", "compile+cudagraphs")
+
+
+def gpu_runs(stdout, total):
+    """{run name: GPU} from the lines that end the runs, each run once."""
+    ends = re.findall(rf"^\[\d+/{total} gpu (\S+)\] (\S+): (?:ok|FAILED|INTERRUPTED)", stdout, re.M)
+    assert len(ends) == len({name for _, name in ends}), stdout
+    return {name: gpu for gpu, name in ends}
+
+
+def test_gpus_slots_and_resume(repo, tmp_path):
+    """--gpus 2: the first two runs start at once, one per slot; each run sees its slot's GPU alone and runs once;
+    the report is rendered; a resume on two GPUs skips the runs done and runs the rest once."""
+    out = tmp_path / "out"
+    argv = ["--scripts", "fake_torchcompile", "--gpus", "2", "--out", out]
+    proc = run_sh(repo, *argv, CUDA_VISIBLE_DEVICES=None)
+    assert proc.returncode == 1, proc.stderr  # --cudagraphs alone fails in the fake
+    names = [f"fake_torchcompile__{m}__s1" for m in MODES]
+    assert "(0 done before, 4 to run, 2 at a time on GPUs 0,1; plan in plan.txt)" in proc.stdout
+    assert f"[1/4 gpu 0] {names[0]}: running" in proc.stdout and f"[2/4 gpu 1] {names[1]}: running" in proc.stdout
+    gpus = gpu_runs(proc.stdout, 4)
+    assert sorted(gpus) == sorted(names) and set(gpus.values()) == {"0", "1"}
+    records = read_records(out)
+    assert sorted((r["mode"], r["status"]) for r in records) == sorted(
+        (m, "failed" if m == "cudagraphs" else "ok") for m in MODES
+    )  # fmt: skip
+    for r in records:
+        assert r["status"] == "failed" or r["cuda_visible_devices"] == gpus[f"fake_torchcompile__{r['mode']}__s1"]
+    # the first run to end: 3 left, their time spread over the two GPUs
+    assert re.search(r"^\[\d/4 gpu [01]\] \S+: .*, took \w+; 3 to run, (at least )?about \w+ left on 2 GPUs$",
+                     proc.stdout, re.M), proc.stdout  # fmt: skip
+    md = (out / "speed.md").read_text()
+    assert "3 runs ok, 1 failed" in md and "## Missing runs" not in md
+    assert proc.stderr.strip().splitlines()[-1] == "run.sh: 1 of 4 runs failed"
+
+    # Resume with a second seed: the 3 runs done are skipped, the 5 others run once each on the two GPUs.
+    proc = run_sh(repo, *argv, "--seeds", "1,2", CUDA_VISIBLE_DEVICES=None)
+    assert proc.returncode == 1, proc.stderr
+    assert "3 done before, 5 to run" in proc.stdout and proc.stdout.count("skipped") == 3
+    rerun = [names[2]] + [f"fake_torchcompile__{m}__s2" for m in MODES]
+    gpus = gpu_runs(proc.stdout, 8)
+    assert sorted(gpus) == sorted(rerun) and set(gpus.values()) == {"0", "1"}
+    assert sorted(f"fake_torchcompile__{r['mode']}__s{r['seed']}" for r in read_records(out)[4:]) == sorted(rerun)
+    assert "6 runs ok, 2 failed" in (out / "speed.md").read_text()
+
+
+def test_gpus_follow_cuda_visible_devices(repo, tmp_path):
+    """A CUDA_VISIBLE_DEVICES set before run.sh: slot k takes its k-th GPU; more slots than it lists is bad input."""
+    out = tmp_path / "out"
+    proc = run_sh(repo, "--scripts", "fake_torchcompile", "--gpus", "2", "--out", out, CUDA_VISIBLE_DEVICES="3,5")
+    assert proc.returncode == 1, proc.stderr
+    assert "2 at a time on GPUs 3,5;" in proc.stdout
+    names = [f"fake_torchcompile__{m}__s1" for m in MODES]
+    assert f"[1/4 gpu 3] {names[0]}: running" in proc.stdout and f"[2/4 gpu 5] {names[1]}: running" in proc.stdout
+    assert set(gpu_runs(proc.stdout, 4).values()) == {"3", "5"}
+    devices = {r["mode"]: r.get("cuda_visible_devices") for r in read_records(out)}
+    assert devices["eager"] == "3" and devices["compile"] == "5" and devices["compile+cudagraphs"] in ("3", "5")
+    for visible in ("3,5", ""):
+        proc = run_sh(repo, "--gpus", "3", "--out", tmp_path / "no", CUDA_VISIBLE_DEVICES=visible)
+        assert_one_line_error(proc, "--gpus 3", f"CUDA_VISIBLE_DEVICES='{visible}'")
+    assert not (tmp_path / "no").exists()
+
+
+def test_gpus_interrupt(repo, tmp_path):
+    """Ctrl-C with two runs in flight (--gpus 2): both scripts get it and are recorded as interrupted, no further
+    run starts, the report names the 6 runs never started, and the resume line keeps --gpus 2."""
+    out = tmp_path / "out"
+    argv = ["--scripts", "fake_torchcompile", "--seeds", "1,2", "--gpus", "2", "--out", out]
+    proc = run_sh(repo, *argv, FAKE_INTERRUPT="1", FAKE_PEER=str(tmp_path / "peer"), CUDA_VISIBLE_DEVICES=None)
+    assert proc.returncode == 130, proc.stderr
+    resume = f"rerun with --out {out} to resume: {repo / 'run.sh'} {' '.join(map(str, argv))}"
+    assert proc.stderr.strip().splitlines()[-1] == f"interrupted: {resume}"
+    assert "Traceback" not in proc.stderr
+    records = read_records(out)
+    assert sorted((r["mode"], r["seed"], r["status"], r["exit_code"], r["total_timesteps"]) for r in records) == [
+        ("compile", 1, "interrupted", 130, 1200), ("eager", 1, "interrupted", 130, 1200)
+    ]  # fmt: skip
+    for gpu, mode in ((0, "eager"), (1, "compile")):
+        name = f"fake_torchcompile__{mode}__s1"
+        assert f"[{gpu + 1}/8 gpu {gpu}] {name}: INTERRUPTED after 1200 steps (exit code 130)" in proc.stdout
+    assert "[3/8" not in proc.stdout
+    assert "0 runs ok, 0 failed, 2 interrupted, 6 missing" in (out / "speed.md").read_text()
+
+
 def test_run_sh_bad_options(repo, tmp_path):
     assert_one_line_error(run_sh(repo, "--scripts", "no_such_script"), "leanrl/no_such_script.py")
     assert_one_line_error(run_sh(repo, "--seeds", "1,x"), "--seeds")
     assert_one_line_error(run_sh(repo, "--frobnicate"), "--frobnicate")
     assert_one_line_error(run_sh(repo, "--out"), "--out")
+    for gpus in ("0", "x", "-1", "1.5", ""):
+        assert_one_line_error(run_sh(repo, "--scripts", "fake_torchcompile", "--gpus", gpus), "--gpus", f"'{gpus}'")
+    assert_one_line_error(run_sh(repo, "--gpus"), "--gpus")
     assert_one_line_error(run_sh(repo, "--scripts", "fake_torchcompile", HEARTBEAT="0"), "HEARTBEAT")
     assert_one_line_error(run_sh(repo, "--scripts", "fake_torchcompile", PYTHON="no-such-python"), "no-such-python")
     # a records.jsonl that cannot be read stops run.sh before any run

@@ -46,7 +46,7 @@ QUIET_WARNINGS = (r".*The environment \S+-v\d+ is out of date", r"Using lock_\(\
 class Run:
     def __init__(self, args, script_file, checkpoint, ranks=None):
         """ranks: under torchrun, what setup_distributed returned (None: one process)."""
-        self.t_start, self.args, self.checkpoint, self.ranks = time.perf_counter(), args, checkpoint, ranks
+        self.t_start, self.args, self.checkpoint, self.ranks = time.perf_counter() - age(), args, checkpoint, ranks
         self.script = os.path.basename(script_file).removesuffix(".py")
         if ranks is None and int(os.environ.get("WORLD_SIZE", 1)) > 1:
             fail(f"{self.script} runs in one process: start it with python, not torchrun")
@@ -322,6 +322,16 @@ class Run:
             "episodic_return": self.progress and self.progress.mean_return(),
             "return_curve": self.progress and self.progress.curve or [],
         }  # fmt: skip
+
+
+def age():
+    """Seconds since this process started (Linux's /proc; elsewhere 0): a run's times count its imports too."""
+    try:
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # the start, in clock ticks after the boot
+            return max(float(uptime.read().split()[0]) - ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def exit_code(record):
