@@ -4,11 +4,14 @@
 # each run's log to DIR/logs/, its speed record to DIR/records.jsonl; then leanrl/tools/speed_report.py
 # renders DIR/speed.md (which names failed, interrupted and missing runs), DIR/fps.png and DIR/returns.png.
 #
-#   ./run.sh [--scripts a,b] [--seeds 1,2,3] [--quick] [--out DIR] [-- extra script args]
+#   ./run.sh [--scripts a,b] [--seeds 1,2,3] [--quick] [--gpus N] [--out DIR] [-- extra script args]
 #
 #   --scripts  script names without .py (default: all of leanrl/*.py)
 #   --seeds    comma-separated seeds (default: 1)
 #   --quick    short horizons that still pass warm-up and measure a steady window
+#   --gpus     N runs at a time, each on a GPU of its own (default 1: one after another, CUDA_VISIBLE_DEVICES
+#              left as it is): slot k (0 to N-1) runs with CUDA_VISIBLE_DEVICES=k, or with the k-th entry of
+#              CUDA_VISIBLE_DEVICES where it is set; a slot takes the plan's next run when its run ends
 #   --out      output directory (default: runs/<date-time>); rerunning with the same DIR resumes: runs
 #              recorded there with status ok are skipped, failed and interrupted ones run again
 #   -- ARGS    passed to every script after the run.sh arguments, so they override --quick's
@@ -16,8 +19,10 @@
 # While a run goes, a line every HEARTBEAT seconds (default 10) shows its latest progress line and, once a
 # run has finished, the time the matrix has left after it: each run left at the mean time of the finished runs
 # of its mode; while a mode has none, its runs count at the slowest mode's mean and the time is "at least".
-# Ctrl-C stops the current run (its record says interrupted), records it as interrupted, renders the report
-# and says how to resume. PYTHON picks the interpreter (default: python). Exit code: 0 when every run
+# With --gpus N, the progress lines name each run's GPU ("[3/55 gpu 1]") and the time left is that sum
+# divided by N (by the runs left, when fewer), the runs in flight counted whole.
+# Ctrl-C stops the runs in flight (their records say interrupted), records them as interrupted, renders the
+# report and says how to resume. PYTHON picks the interpreter (default: python). Exit code: 0 when every run
 # succeeded, 1 when one failed, 2 for bad options, 130 when interrupted.
 set -uo pipefail
 
@@ -25,7 +30,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPORT="$ROOT/leanrl/tools/speed_report.py"
 PYTHON="${PYTHON:-python}"
 HEARTBEAT="${HEARTBEAT:-10}"
-SCRIPTS="" SEEDS="1" QUICK=0 OUT="$ROOT/runs/$(date +%Y%m%d-%H%M%S)" OUT_GIVEN=0
+SCRIPTS="" SEEDS="1" QUICK=0 GPUS=1 OUT="$ROOT/runs/$(date +%Y%m%d-%H%M%S)" OUT_GIVEN=0
 EXTRA=()
 ARGV=("$@")
 
@@ -36,11 +41,12 @@ fail() {
 
 while [ $# -gt 0 ]; do
   case "$1" in
-    --scripts | --seeds | --out)
+    --scripts | --seeds | --gpus | --out)
       [ $# -ge 2 ] || fail "$1 needs a value"
       case "$1" in
         --scripts) SCRIPTS="$2" ;;
         --seeds) SEEDS="$2" ;;
+        --gpus) GPUS="$2" ;;
         --out) OUT="$2" OUT_GIVEN=1 ;;
       esac
       shift 2
@@ -53,6 +59,8 @@ while [ $# -gt 0 ]; do
 done
 
 [[ "$SEEDS" =~ ^[0-9]+(,[0-9]+)*$ ]] || fail "--seeds must be comma-separated non-negative integers, got '$SEEDS'"
+[[ "$GPUS" =~ ^[0-9]+$ ]] && [ "$((10#$GPUS))" -ge 1 ] || fail "--gpus must be a positive integer, got '$GPUS'"
+GPUS=$((10#$GPUS))
 [[ "$HEARTBEAT" =~ ^[0-9]*\.?[0-9]+$ && ! "$HEARTBEAT" =~ ^[0.]+$ ]] ||
   fail "HEARTBEAT must be a positive number of seconds, got '$HEARTBEAT'"
 command -v "$PYTHON" >/dev/null || fail "PYTHON=$PYTHON: no such interpreter"
@@ -66,6 +74,20 @@ IFS=, read -ra SEED_LIST <<<"$SEEDS"
 for s in "${SCRIPT_LIST[@]}"; do
   [ -f "$ROOT/leanrl/$s.py" ] || fail "no script leanrl/$s.py"
 done
+
+# The GPU of each slot, with --gpus N > 1 (with 1, none: the runs see CUDA_VISIBLE_DEVICES as it is): GPU k, or
+# the k-th GPU that CUDA_VISIBLE_DEVICES lists where it is set (ids or UUIDs).
+DEVICES=()
+if [ "$GPUS" -gt 1 ]; then
+  if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then
+    IFS=, read -ra DEVICES <<<"$CUDA_VISIBLE_DEVICES"
+    [ "${#DEVICES[@]}" -ge "$GPUS" ] ||
+      fail "--gpus $GPUS needs $GPUS GPUs, but CUDA_VISIBLE_DEVICES='$CUDA_VISIBLE_DEVICES' lists ${#DEVICES[@]}"
+    DEVICES=("${DEVICES[@]:0:GPUS}")
+  else
+    for ((k = 0; k < GPUS; k++)); do DEVICES+=("$k"); done
+  fi
+fi
 
 # Short horizons per algorithm: off-policy scripts learn from step 500 and measure the 1800 steps (SAC, TD3) or
 # 12500 (DQN, a tenth of them updates) after their WARMUP_STEPS; PPO runs 10 (continuous, 2048 steps) or 20
@@ -176,15 +198,19 @@ for name in "${NAMES[@]}"; do in_list "$name" "$DONE" || todo=$((todo + 1)); don
 
 # Seconds and runs finished per mode, for the time left: a compiled twin's run takes far longer than a baseline's.
 declare -A MODE_SPENT=() MODE_RAN=()
-# The time the runs left after run $1 will take ("" when none has finished yet or none is left).
+# The runs of the plan finished in this call (FINISHED[i]=1), and the run each busy slot holds (SLOT_RUN[k]=i).
+FINISHED=() SLOT_RUN=()
+# The time the runs left but run $1 will take ("" when none has finished yet or none is left): the runs neither
+# recorded ok before nor finished in this call, those in flight counted whole, spread over the GPUs.
 eta_after() {
-  local i=$1 j m mean slowest=0 seconds=0 untimed=0 left=0
+  local i=$1 j m mean slowest=0 seconds=0 untimed=0 left=0 slots on=""
   [ "${#MODE_RAN[@]}" -gt 0 ] || return 0
   for m in "${!MODE_RAN[@]}"; do
     mean=$((MODE_SPENT[$m] / MODE_RAN[$m]))
     [ "$mean" -gt "$slowest" ] && slowest=$mean
   done
-  for ((j = i + 1; j < total; j++)); do
+  for ((j = 0; j < total; j++)); do
+    [ "$j" != "$i" ] && [ -z "${FINISHED[j]:-}" ] || continue
     in_list "${NAMES[j]}" "$DONE" && continue
     m="${RUN_MODE[j]}" left=$((left + 1))
     if [ -n "${MODE_RAN[$m]:-}" ]; then
@@ -194,47 +220,98 @@ eta_after() {
     fi
   done
   [ "$left" -gt 0 ] || return 0
-  echo "$([ "$untimed" -gt 0 ] && echo "at least ")about $(duration "$seconds") left"
+  # A run goes on one GPU: fewer runs left than GPUs share out their time over as many GPUs as runs.
+  slots=$((left < GPUS ? left : GPUS))
+  [ "$GPUS" = 1 ] || on=" on $GPUS GPUs"
+  echo "$([ "$untimed" -gt 0 ] && echo "at least ")about $(duration $((seconds / slots))) left$on"
 }
 
-# Ctrl-C reaches the running script too, which ends with a record marked interrupted; the loop then stops.
-INTERRUPTED=0
-trap 'INTERRUPTED=1' INT TERM
+# Run $1's place in the plan and, with --gpus N > 1, the GPU of slot $2: "[3/55]" or "[3/55 gpu 1]".
+tag() {
+  echo "[$(($1 + 1))/$total${DEVICES[$2]:+ gpu ${DEVICES[$2]}}]"
+}
 
-echo "run.sh: $total runs into $OUT ($((total - todo)) done before, $todo to run; plan in plan.txt)"
-ran=0 failed=0
-for i in "${!NAMES[@]}"; do
-  [ "$INTERRUPTED" = 0 ] || break
-  n=$((i + 1)) name="${NAMES[i]}" s="${RUN_SCRIPT[i]}" mode="${RUN_MODE[i]}" seed="${RUN_SEED[i]}"
-  if in_list "$name" "$DONE"; then
-    echo "[$n/$total] $name: done before, skipped"
-    continue
-  fi
+# Moves $next past the runs recorded ok before, saying so; fails when no run is left to start or Ctrl-C stopped
+# the matrix.
+next_todo() {
+  while [ "$INTERRUPTED" = 0 ] && [ "$next" -lt "$total" ]; do
+    in_list "${NAMES[next]}" "$DONE" || return 0
+    echo "[$((next + 1))/$total] ${NAMES[next]}: done before, skipped"
+    next=$((next + 1))
+  done
+  return 1
+}
+
+# Starts run $next in slot $1, in the background, and moves $next on. When the script ends, the line
+# "<slot> <exit code> <seconds>" on fd 3 says so.
+start_run() {
+  local k=$1 i=$next label args side log
+  local name="${NAMES[i]}" s="${RUN_SCRIPT[i]}" mode="${RUN_MODE[i]}" seed="${RUN_SEED[i]}"
   args=($(mode_flags "$mode") --seed "$seed")
   [ "$QUICK" = 1 ] && args+=($(quick_args "$s"))
-  side="$OUT/logs/$name.record" log="logs/$name.log"
+  side="$OUT/logs/$name.record" log="logs/$name.log" label="$(tag "$i" "$k") $name"
   rm -f "$side"
-  echo "[$n/$total] $name: running, log in $log"
-  heartbeat "[$n/$total] $name" "$OUT/$log" "$(eta_after "$i")" &
-  beat=$!
-  started=$SECONDS
-  "$PYTHON" "$ROOT/leanrl/$s.py" "${args[@]}" ${EXTRA[@]+"${EXTRA[@]}"} --speed-log "$side" >"$OUT/$log" 2>&1
-  code=$?
-  took=$((SECONDS - started))
-  kill "$beat" 2>/dev/null
-  wait "$beat" 2>/dev/null
-  ran=$((ran + 1)) MODE_SPENT[$mode]=$((${MODE_SPENT[$mode]:-0} + took)) MODE_RAN[$mode]=$((${MODE_RAN[$mode]:-0} + 1))
+  echo "$label: running, log in $log"
+  (
+    # This shell lives through Ctrl-C to report the end of its script, which gets the Ctrl-C itself (a command
+    # started in the background would ignore it).
+    trap : INT TERM
+    heartbeat "$label" "$OUT/$log" "$(eta_after "$i")" &
+    beat=$!
+    [ "$GPUS" = 1 ] || export CUDA_VISIBLE_DEVICES="${DEVICES[k]}"
+    started=$SECONDS
+    "$PYTHON" "$ROOT/leanrl/$s.py" "${args[@]}" ${EXTRA[@]+"${EXTRA[@]}"} --speed-log "$side" >"$OUT/$log" 2>&1
+    code=$?
+    took=$((SECONDS - started))
+    kill "$beat" 2>/dev/null
+    wait "$beat" 2>/dev/null
+    echo "$k $code $took" >&3
+  ) &
+  SLOT_RUN[k]=$i next=$((next + 1))
+}
+
+# Records the run of slot $1, which ended with exit code $2 after $3 seconds, and frees the slot.
+finish_run() {
+  local k=$1 code=$2 took=$3 i="${SLOT_RUN[$1]}" result left eta=""
+  local name="${NAMES[i]}" s="${RUN_SCRIPT[i]}" mode="${RUN_MODE[i]}" seed="${RUN_SEED[i]}"
+  local side="$OUT/logs/${NAMES[i]}.record" log="logs/${NAMES[i]}.log"
+  unset 'SLOT_RUN[k]'
+  FINISHED[i]=1 ran=$((ran + 1))
+  MODE_SPENT[$mode]=$((${MODE_SPENT[$mode]:-0} + took)) MODE_RAN[$mode]=$((${MODE_RAN[$mode]:-0} + 1))
   result="$("$PYTHON" "$REPORT" append "$OUT" --side "$side" --script "$s" --mode "$mode" --seed "$seed" \
     --log "$log" --exit-code "$code")"
   case $? in
     0) ;;
-    2) exit 2 ;; # records.jsonl cannot be written: the error line is out
+    2) wait; exit 2 ;; # records.jsonl cannot be written: the error line is out, the runs in flight end unrecorded
     *) failed=$((failed + 1)) ;;
   esac
   rm -f "$side"
-  left=$((todo - ran)) eta=""
+  left=$((todo - ran))
   [ "$left" -gt 0 ] && [ "$INTERRUPTED" = 0 ] && eta="; $left to run, $(eta_after "$i")"
-  echo "[$n/$total] $name: ${result:-not recorded}, took $(duration "$took")$eta"
+  echo "$(tag "$i" "$k") $name: ${result:-not recorded}, took $(duration "$took")$eta"
+}
+
+# Ctrl-C reaches the running scripts too, each of which ends with a record marked interrupted; then no further
+# run starts.
+INTERRUPTED=0
+trap 'INTERRUPTED=1' INT TERM
+
+# The runs report their end through a pipe (fd 3); unlinked once open, it leaves nothing behind.
+pipe="$(mktemp -d)" && mkfifo "$pipe/ends" && exec 3<>"$pipe/ends" && rm -r "$pipe" ||
+  fail "cannot make a pipe in ${TMPDIR:-/tmp}"
+
+on=""
+[ "$GPUS" = 1 ] || on=", $GPUS at a time on GPUs $(IFS=, && echo "${DEVICES[*]}")"
+echo "run.sh: $total runs into $OUT ($((total - todo)) done before, $todo to run$on; plan in plan.txt)"
+ran=0 failed=0 next=0
+# Each free slot takes the next run to do; then the loop waits for a run to end.
+while :; do
+  for ((k = 0; k < GPUS; k++)); do
+    if [ -z "${SLOT_RUN[k]:-}" ] && next_todo; then start_run "$k"; fi
+  done
+  [ "${#SLOT_RUN[@]}" -gt 0 ] || break
+  read -r k code took <&3
+  finish_run "$k" "$code" "$took"
 done
 
 if [ "$INTERRUPTED" = 1 ]; then
