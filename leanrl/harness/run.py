@@ -46,7 +46,7 @@ QUIET_WARNINGS = (r".*The environment \S+-v\d+ is out of date", r"Using lock_\(\
 class Run:
     def __init__(self, args, script_file, checkpoint, ranks=None):
         """ranks: under torchrun, what setup_distributed returned (None: one process)."""
-        self.t_start, self.args, self.checkpoint, self.ranks = time.perf_counter() - age(), args, checkpoint, ranks
+        self.t_start, self.args, self.checkpoint, self.ranks = time.perf_counter() - age(script_file), args, checkpoint, ranks
         self.script = os.path.basename(script_file).removesuffix(".py")
         if ranks is None and int(os.environ.get("WORLD_SIZE", 1)) > 1:
             fail(f"{self.script} runs in one process: start it with python, not torchrun")
@@ -317,15 +317,20 @@ class Run:
             "resumed_from": window.first_step if self.checkpoint is not None else None, "restarts": restarts(),
             "checkpoint_seconds": round(window.paused, 3),
             "warmup_seconds": round((window.t_open if steady else window.t_loop) - self.t_start, 3),
-            "warmup_split": {phase: round(seconds, 3) for phase, seconds in self.warmup_split.items()},
+            "warmup_split": {phase: round(seconds, 3) for phase, seconds in self.warmup_split.items()} if steady
+            else {"start": round(window.t_loop - self.t_start, 3)},  # no window: its warm-up is what came before the loop
             "wall_seconds": round(t_end - self.t_start, 3),
             "episodic_return": self.progress and self.progress.mean_return(),
             "return_curve": self.progress and self.progress.curve or [],
         }  # fmt: skip
 
 
-def age():
-    """Seconds since this process started (Linux's /proc; elsewhere 0): a run's times count its imports too."""
+def age(script_file):
+    """Seconds since this process started, when the script is its program (Linux's /proc; elsewhere, or called from
+    other code, 0): a run's times count its imports too."""
+    program = getattr(sys.modules.get("__main__"), "__file__", None)
+    if program is None or os.path.realpath(program) != os.path.realpath(script_file):
+        return 0.0
     try:
         with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
             ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # the start, in clock ticks after the boot
