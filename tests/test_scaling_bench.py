@@ -22,17 +22,18 @@ def bench(tmp_path, *argv):
 
 def test_one_process_and_two_ranks_stopped_after_their_seconds(tmp_path):
     out = tmp_path / "out"
-    # Runs far longer than 12 s unless stopped; then a run whose bad flag ends it without a record.
-    done = bench(tmp_path, "--gpus", 1, 2, "--seconds", 12, "--target", 0, "--out", out, "--", SCRIPT, *SMALL,
-                 "--total-timesteps", 10**9)  # fmt: skip
+    # Runs far longer than 12 s unless stopped (the bench gives them 2^36 env steps); then a run whose bad flag ends
+    # it without a record.
+    done = bench(tmp_path, "--gpus", 1, 2, "--seconds", 12, "--target", 0, "--out", out, "--", SCRIPT, *SMALL)
     assert done.returncode == 0, done.stderr
     failed = bench(tmp_path, "--gpus", 1, "--seconds", 12, "--out", out, "--", SCRIPT, *SMALL, "--gamma", 2)
     assert failed.returncode == 1, failed.stderr  # the run left no record
     records = [json.loads(line) for line in (out / "scaling.jsonl").read_text().splitlines()]
     assert [r["gpus"] for r in records] == [1, 2, 1]
     for r in records[:2]:  # stopped by SIGTERM, as Ctrl-C would: each has its steady window
-        assert r["interrupted"] and r["steady"] and r["fps"] > 0 and r["total_timesteps"] < 10**9
+        assert r["interrupted"] and r["steady"] and r["fps"] > 0 and r["total_timesteps"] < 2**36
         assert r["command"].startswith("ppo_classic_control_gpu.py --no-cuda")
+        assert r["command"].endswith("--total-timesteps 68719476736")
     assert "exit code 2, no record" in records[2]["failed"]
     # The records say "cpu": every line and the table say CPU processes; the run without a record, CPU where the
     # machine has no CUDA (with CUDA, --no-cuda or not, nothing says where it ran).
@@ -42,11 +43,11 @@ def test_one_process_and_two_ranks_stopped_after_their_seconds(tmp_path):
     table = (out / "scaling.md").read_text().splitlines()
     assert table[0].startswith("| command | CPU processes | env steps/s | per process | speed-up | efficiency |")
     assert "GPU" not in "\n".join(table)
-    one, two = (line for line in table if "--total-timesteps 1000000000 |" in line)
+    one, two = (line for line in table if "--num-minibatches 2 --total-timesteps 68719476736 |" in line)
     assert "| 1 |" in one and "| 1.00x | 100% |" in one and "| 2 |" in two
     speedup = records[1]["fps"] / records[0]["fps"]
     assert f"| {speedup:.2f}x | {speedup / 2:.0%} |" in two
-    assert any("--gamma 2 | 1 | exit code 2, no record" in line for line in table)
+    assert any("--gamma 2 --total-timesteps 68719476736 | 1 | exit code 2, no record" in line for line in table)
     assert len(list((out / "logs").glob("*.log"))) == 3
     assert (out / "returns.png").read_bytes().startswith(b"\x89PNG")
 

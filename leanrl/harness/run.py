@@ -185,7 +185,9 @@ class Run:
 
     def say_warmup(self):
         """While warm-up runs, a line every CONSOLE_SECONDS that a unit of work lasts (a compilation, a capture):
-        the run is alive, and what it is doing."""
+        the run is alive, and what it is doing. Under torchrun rank 0 speaks for every rank."""
+        if self.rank:
+            return
         args, t_said = self.args, 0.0
         doing = "compiling" if getattr(args, "compile", False) else "running"
         while not self.finished.wait(1.0) and self.window.t_open is None:

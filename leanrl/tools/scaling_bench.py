@@ -1,6 +1,8 @@
 """Data-parallel scaling of a training script on this machine's GPUs: the script alone (one process, no torchrun:
 what a user of one GPU runs) and under torchrun on N GPUs (one rank each), every run stopped by SIGTERM after
---seconds, as Ctrl-C would stop it, or ended by its own --total-timesteps. The numbers are the runs' speed records
+--seconds, as Ctrl-C would stop it, or ended by its own --total-timesteps (a command without one is given 2^36 env
+steps, so that --seconds ends its runs at any GPU count; a schedule over --total-timesteps, as PPO's learning-rate
+annealing, then barely moves: pass your own to keep one). The numbers are the runs' speed records
 (docs/contract.md): fps is the steady rate after warm-up, summed over the ranks. Without CUDA (the runs' records say
 device "cpu") the counts are CPU processes, N ranks over gloo, and the lines, the table and the plot say so.
 
@@ -34,6 +36,7 @@ import time
 from benchkit import Parser, fail, markdown_table, pyplot, save_figure, utc_date, writable_folder, write_lines
 
 GRACE_SECONDS = 120  # after SIGTERM: the current unit of work, the checkpoint, torchrun's teardown
+HORIZON = 2**36  # env steps: no GPU count ends it within any --seconds measured so far
 
 
 def parse_args():
@@ -66,6 +69,8 @@ def parse_args():
 def run(command, gpus, seconds, out):
     """One run: its speed record with `gpus`, or {"failed": how it ended} (and "device": "cpu" without CUDA)."""
     script, script_args = command[0], command[1:]
+    if not any(arg.split("=")[0] == "--total-timesteps" for arg in script_args):
+        script_args = [*script_args, "--total-timesteps", str(HORIZON)]
     name = f"{os.path.basename(script).removesuffix('.py')}-{gpus}proc-{int(time.time())}"  # GPUs or CPU ranks
     speed_log = os.path.join(out, "logs", f"{name}.jsonl")
     launcher = [sys.executable] if gpus == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
