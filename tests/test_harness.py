@@ -606,6 +606,15 @@ def test_compile_cache_keeps_a_file_per_gpu_and_torch(monkeypatch, capsys):
     CompileCache("cache", cpu).save()
     assert f"{ours.name} unreadable (EOFError): compiling" in capsys.readouterr().err
     assert ours.read_bytes() == b"artifacts of " + version.encode() and not list(Path("cache").glob("*.tmp"))
+    # Compiled code names its device: a torchrun rank on cuda:1 keeps a file of its own; cuda:0's is a single GPU's.
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "NVIDIA H200")
+    for index in (0, 1):
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: index)
+        CompileCache("cache", torch.device("cuda")).save()
+    made = f"torch {version} (CUDA {torch.version.cuda}) on "
+    assert f"nothing for {made}NVIDIA H200 as cuda:1 yet" in capsys.readouterr().err
+    texts = {path.read_text() for path in Path("cache").glob("torch-*.txt")}
+    assert texts == {made + "cpu", made + "NVIDIA H200", made + "NVIDIA H200 as cuda:1"}
 
 
 def test_compile_cache_keeps_what_compile_builds(capsys):

@@ -12,9 +12,13 @@ import torch
 
 class CompileCache:
     def __init__(self, folder, device):
-        """Loads this GPU's and versions' torch artifacts from folder; Warp, not started yet, builds into folder."""
+        """Loads this GPU's (model and index) and versions' torch artifacts from folder; Warp, not started yet,
+        builds into folder."""
         os.makedirs(folder, exist_ok=True)
-        gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        gpu = "cpu"
+        if device.type == "cuda":  # compiled code names its device: under torchrun each rank's index has its file
+            index = torch.cuda.current_device()
+            gpu = torch.cuda.get_device_name(index) + (f" as cuda:{index}" if index else "")
         self.made_with = f"torch {torch.__version__} (CUDA {torch.version.cuda}) on {gpu}"
         # A file per GPU and versions: another's artifacts are never loaded, and its file stays for its machines.
         self.file = os.path.join(folder, f"torch-{hashlib.sha256(self.made_with.encode()).hexdigest()[:16]}.bin")

@@ -149,7 +149,7 @@ class Run:
             self.interrupted = self.diverged is None
             return False
         opened = self.window.opens(step)
-        if opened and self.compile_cache and self.rank == 0:  # the warm-up's code, for the next start
+        if opened and self.compile_cache:  # the warm-up's code, for the next start (each rank its device's)
             t_save = time.perf_counter()
             self.compile_cache.save()
             self.window.paused += time.perf_counter() - t_save
