@@ -23,6 +23,7 @@ from helpers import (
     assert_one_line_error,
     load_script,
     run_bad_input,
+    run_cli,
     run_main,
     run_main_stderr,
     script_path,
@@ -617,9 +618,10 @@ def test_compile_cache_keeps_a_file_per_gpu_and_torch(monkeypatch, capsys):
     assert texts == {made + "cpu", made + "NVIDIA H200", made + "NVIDIA H200 as cuda:1"}
 
 
-def test_compile_cache_keeps_what_compile_builds(capsys):
-    """--compile-cache in a twin run without --compile (and off MuJoCo Warp) would keep nothing: one line."""
-    proc = run_bad_input("ppo_continuous_action_torchcompile", ["--compile-cache", "cache"], capsys)
+def test_compile_cache_keeps_what_compile_builds():
+    """--compile-cache in a twin run without --compile (and off MuJoCo Warp) would keep nothing: one line. In a
+    process of its own, as a user runs it: this one has imported Warp for other tests."""
+    proc = run_cli("ppo_continuous_action_torchcompile", "--compile-cache", "cache")
     assert_one_line_error(proc, "--compile-cache keeps what --compile builds: pass --compile too")
 
 
