@@ -50,11 +50,15 @@ def signals_received():
 @pytest.fixture(autouse=True)
 def leaves_nothing_behind(request):
     """Ctrl-C or `timeout` ends the suite even when a script run in this process caught the signal (its run stops, and
-    the suite with it, after the test); and no test leaves a signal handler, an env variable or a thread behind."""
+    the suite with it, after the test); and no test leaves a signal handler or a blocked signal, an env variable or a
+    thread behind."""
     handlers = {signum: signal.getsignal(signum) for signum in STOPS}
     environ, threads = dict(os.environ), {t for t in threading.enumerate() if not t.daemon}
     signals_received()
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])  # a C library can block them, unseen by getsignal
     yield
+    newly_blocked = (signal.pthread_sigmask(signal.SIG_BLOCK, []) - blocked) & set(STOPS)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, newly_blocked)  # its subprocesses would inherit the mask
     received = signals_received() & set(STOPS)
     if received and not request.node.get_closest_marker("signals"):
         pytest.exit(f"stopped by {signal.Signals(max(received)).name}", returncode=130)
@@ -69,6 +73,7 @@ def leaves_nothing_behind(request):
         else:
             del os.environ[name]
     assert not left, f"the test left signal handlers behind: {left}"
+    assert not newly_blocked, f"the test left signals blocked: {sorted(signal.Signals(s).name for s in newly_blocked)}"
     assert not changed, f"the test left env variables changed: {sorted(changed)}"
     # A thread pool a library keeps for the process (Inductor's compile workers) is not the test's to end.
     new_threads = [t.name for t in threading.enumerate() if not t.daemon and t not in threads and t.is_alive()
