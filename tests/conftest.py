@@ -47,11 +47,24 @@ def signals_received():
         return set()
 
 
+def ignored_stops():
+    """The stop signals this process ignores, as the kernel says (SigIgn): what its subprocesses inherit, and a shell
+    such as run.sh then cannot trap."""
+    with open("/proc/self/status") as status:
+        mask = next(int(line.split()[1], 16) for line in status if line.startswith("SigIgn:"))
+    return {signum for signum in STOPS if mask >> (signum - 1) & 1}
+
+
 @pytest.fixture(autouse=True)
 def leaves_nothing_behind(request):
     """Ctrl-C or `timeout` ends the suite even when a script run in this process caught the signal (its run stops, and
     the suite with it, after the test); and no test leaves a signal handler or a blocked signal, an env variable or a
     thread behind."""
+    # What ran before in this process (a script's end ignores them while it writes its record; a library) may have
+    # left the stop signals ignored, which run.sh, started by a test, could not undo: each test starts with them as
+    # a new process has them.
+    for signum in ignored_stops() if os.path.exists("/proc/self/status") else ():
+        signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
     handlers = {signum: signal.getsignal(signum) for signum in STOPS}
     environ, threads = dict(os.environ), {t for t in threading.enumerate() if not t.daemon}
     signals_received()
@@ -101,6 +114,11 @@ def workdir(tmp_path, monkeypatch):
     threads = torch.get_num_threads()
     loggers = [logging.getLogger(name) for name in ("torch._dynamo.variables.ctx_manager", "tensordict")]
     levels = [logger.level for logger in loggers]
+    # What ran before in this process (a script's end ignores them while it writes its record; a library) may have
+    # left the stop signals ignored, which run.sh, started by a test, could not undo: each test starts with them as
+    # a new process has them.
+    for signum in ignored_stops() if os.path.exists("/proc/self/status") else ():
+        signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
     handlers = {signum: signal.getsignal(signum) for signum in STOPS}
     environ = dict(os.environ)  # a run without a display sets MUJOCO_GL for its videos
     yield tmp_path

@@ -6,9 +6,6 @@ import json
 import pytest
 from helpers import assert_one_line_error, load_script, run_cli
 
-# Under pytest-xdist (-n), this file's tests run in one worker: its module fixture runs once.
-pytestmark = pytest.mark.xdist_group("breakdown")
-
 TOOL = "tools/breakdown"
 TINY = ["--total-timesteps", "400", "--learning-starts", "50", "--batch-size", "16", "--buffer-size", "1000"]
 # The loop's own bookkeeping between phases (the for statement, run.unit) may take this share of the profiled wall.

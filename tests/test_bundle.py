@@ -18,9 +18,6 @@ from types import SimpleNamespace
 import pytest
 from helpers import MODULES, SCRIPTS, assert_one_line_error, load_script
 
-# Under pytest-xdist (-n), this file's tests run in one worker: its module fixture runs once.
-pytestmark = pytest.mark.xdist_group("bundle")
-
 TOOL = load_script("tools/bundle")
 NAMES = sorted(path.stem for path in SCRIPTS.glob("*.py") if path.stem not in MODULES)
 # Each script's tiny CPU run, whole iterations that update the networks at least once: its flags and its env steps.

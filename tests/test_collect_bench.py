@@ -16,9 +16,6 @@ from helpers import assert_one_line_error, load_script, run_bad_input, run_cli
 
 from torch_classic_control import ENVS, CartPole, Envs
 
-# Under pytest-xdist (-n), this file's tests run in one worker: its module fixture runs once.
-pytestmark = pytest.mark.xdist_group("collect_bench")
-
 TOOL = "tools/collect_bench"
 SCRIPT = "ppo_classic_control_gpu_torchcompile"
 SIZES = ["--envs", "1", "2^2", "--steps", "1", "8", "--fixed-steps", "8", "--fixed-envs", "4"]

@@ -17,9 +17,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from helpers import assert_equal, free_port, load_script
 
-# Under pytest-xdist (-n), this file's tests run in one worker: its module fixture runs once.
-pytestmark = pytest.mark.xdist_group("multigpu_warp_offpolicy")
-
 NAMES = ("td3_gpu_mujoco", "sac_gpu_mujoco", "td3_gpu_mujoco_torchcompile", "sac_gpu_mujoco_torchcompile")
 # Per rank: 2 Hopper envs, batches of 8 from a buffer of 100 steps of each env. --total-timesteps and
 # --learning-starts count the env steps of all ranks: 2 ranks run 8 vector steps, the last 4 with 2 updates each.

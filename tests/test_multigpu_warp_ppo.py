@@ -16,9 +16,6 @@ from helpers import RECORD_KEYS, SCRIPTS, free_port, load_script, run_main
 import mujoco_warp_envs
 from mujoco_warp_envs import RunningMeanStd
 
-# Under pytest-xdist (-n), this file's tests run in one worker: its module fixture runs once.
-pytestmark = pytest.mark.xdist_group("multigpu_warp_ppo")
-
 NAME = "ppo_continuous_action_gpu_mujoco"
 FAST = f"{NAME}_torchcompile"
 # Per rank: 4 Hopper worlds (random episodes end within a rollout) x 8 steps, in 2 minibatches.
