@@ -26,7 +26,7 @@ QUICK_FILES = {"test_contract.py", "test_harness.py"}
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "signals: the test sends SIGINT or SIGTERM to this process on purpose")
-    config.addinivalue_line("markers", "quick: the quick subset (pytest -m quick), a few minutes on 2 cores")
+    config.addinivalue_line("markers", "quick: the quick subset (pytest -m quick), about 2 minutes on 2 cores, -n 2")
     read, write = os.pipe()
     os.set_blocking(read, False)
     os.set_blocking(write, False)
