@@ -65,9 +65,10 @@ GPUS=$((10#$GPUS))
   fail "HEARTBEAT must be a positive number of seconds, got '$HEARTBEAT'"
 command -v "$PYTHON" >/dev/null || fail "PYTHON=$PYTHON: no such interpreter"
 if [ -z "$SCRIPTS" ]; then
-  # Discovered at run time, so scripts added later join the matrix; the env modules beside them are no scripts.
-  SCRIPTS="$(for f in "$ROOT"/leanrl/*.py; do basename "$f" .py; done \
-    | grep -vxE 'torch_classic_control|mujoco_warp_envs|fused_rollout' | paste -sd, -)"
+  # Discovered at run time, so scripts added later join the matrix: a script has an entry point, the env modules
+  # beside them have none.
+  SCRIPTS="$(grep -l '^if __name__ == "__main__":' "$ROOT"/leanrl/*.py | xargs -n1 basename | sed 's/\.py$//' \
+    | paste -sd, -)"
 fi
 IFS=, read -ra SCRIPT_LIST <<<"$SCRIPTS"
 IFS=, read -ra SEED_LIST <<<"$SEEDS"

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 
 import pytest
 from helpers import ROOT, assert_one_line_error, run_cli
@@ -22,7 +23,7 @@ SHORT = ["--", "--total-timesteps", "600", "--learning-starts", "100", "--batch-
 # (run.sh's too), then ends as the scripts do: a record of the steps done, marked interrupted, and exit code 130.
 # With FAKE_PEER=<file> too, the run without flags prints the same line, creates the file and waits for the
 # Ctrl-C, which the --compile run sends once the file is there: two runs in flight get it.
-FAKE = """import json, os, signal, sys, time
+FAKE_RUN = """import json, os, signal, sys, time
 argv = sys.argv[1:]
 if "--cudagraphs" in argv and "--compile" not in argv:
     print("error: fake failure", file=sys.stderr)
@@ -54,6 +55,7 @@ with open(argv[argv.index("--speed-log") + 1], "a") as f:
 print(json.dumps(record))
 sys.exit(130 if record["interrupted"] else 0)
 """
+FAKE = 'if __name__ == "__main__":  # what tells run.sh a script from an env module\n' + textwrap.indent(FAKE_RUN, "    ")
 
 
 def ok(script, mode, seed, fps, curve=()):
@@ -247,7 +249,8 @@ def test_report_bad_input(tmp_path):
 
 @pytest.fixture
 def repo(tmp_path):
-    """A copy of the repository's run.sh, tools, harness and SAC baseline, plus the fake compiled script."""
+    """A copy of the repository's run.sh, tools, harness and SAC baseline, plus the fake compiled script and an env
+    module."""
     root = tmp_path / "repo"
     (root / "leanrl").mkdir(parents=True)
     shutil.copy(ROOT / "run.sh", root)
@@ -255,6 +258,8 @@ def repo(tmp_path):
     shutil.copytree(ROOT / "leanrl" / "harness", root / "leanrl" / "harness")
     shutil.copy(ROOT / "leanrl" / "sac_continuous_action.py", root / "leanrl")
     (root / "leanrl" / "fake_torchcompile.py").write_text(FAKE)
+    # An env module beside the scripts (as envpool_atari.py): no entry point, so run.sh's discovery leaves it out.
+    (root / "leanrl" / "fake_envs.py").write_text('"""Envs the scripts import."""\n\nNUM_ENVS = 4\n')
     return root
 
 
