@@ -202,6 +202,13 @@ def test_unwritable_output_fails_at_start(option, below, capsys):
     assert Path("plain-file").read_text() == "not a folder\n"
 
 
+@pytest.mark.skipif(not os.path.isfile("/proc/version"), reason="Linux's /proc")
+def test_a_speed_log_in_a_folder_that_takes_no_new_file_is_named_itself(capsys):
+    """/proc/version cannot be appended to, and /proc takes no file of ours: the line names the file, not /proc."""
+    assert_one_line_error(run_bad_input(NAME, ["--speed-log", "/proc/version"], capsys), "--speed-log /proc/version",
+                          "cannot be written")  # fmt: skip
+
+
 @pytest.mark.parametrize("in_the_way", ["runs", "speed.jsonl"])
 def test_a_file_or_folder_in_the_way_is_named(in_the_way, capsys):
     """A file named runs where TensorBoard's folder goes, a folder named as --speed-log's file: one line naming it."""

@@ -176,13 +176,18 @@ def check_outputs(args, script):
         if folder and option in ("runs", "videos") and os.path.isfile(folder):
             what = "TensorBoard's scalars (or pass --no-tensorboard)" if option == "runs" else "the videos"
             fail(f"a file named {folder} is in the way of the folder {folder}/ for {what}: move it")
+        named = args.speed_log if option == "--speed-log" else folder
+        if folder and option == "--speed-log" and os.path.isfile(folder):
+            fail(f"--speed-log {named} cannot be written: {folder} is a file, not a folder")
         try:
             if folder:
                 os.makedirs(folder, exist_ok=True)
-                tempfile.TemporaryFile(dir=folder).close()
-                open(args.speed_log, "a").close() if option == "--speed-log" else None
+                if option == "--speed-log":  # the file itself: its folder may admit no other (/proc)
+                    open(args.speed_log, "a").close()
+                else:
+                    tempfile.TemporaryFile(dir=folder).close()
         except OSError as e:
-            fail(f"{option} {folder} cannot be written: {e.strerror or e}")
+            fail(f"{option} {named} cannot be written: {e.strerror or e}")
     existing = args.save_dir and checkpoint_file(args.save_dir, script)
     resumed = args.resume and checkpoint_file(args.resume, script)
     if existing and os.path.exists(existing) and not (resumed and os.path.samefile(resumed, existing)):
