@@ -273,14 +273,15 @@ start_run() {
 
 # Records the run of slot $1, which ended with exit code $2 after $3 seconds, and frees the slot.
 finish_run() {
-  local k=$1 code=$2 took=$3 i="${SLOT_RUN[$1]}" result left eta=""
+  local k=$1 code=$2 took=$3 i="${SLOT_RUN[$1]}" result left eta="" stopped=()
   local name="${NAMES[i]}" s="${RUN_SCRIPT[i]}" mode="${RUN_MODE[i]}" seed="${RUN_SEED[i]}"
   local side="$OUT/logs/${NAMES[i]}.record" log="logs/${NAMES[i]}.log"
   unset 'SLOT_RUN[k]'
   FINISHED[i]=1 ran=$((ran + 1))
   MODE_SPENT[$mode]=$((${MODE_SPENT[$mode]:-0} + took)) MODE_RAN[$mode]=$((${MODE_RAN[$mode]:-0} + 1))
+  [ "$INTERRUPTED" = 0 ] || stopped=(--stopped) # a script stopped while Python imports exits 1
   result="$("$PYTHON" "$REPORT" append "$OUT" --side "$side" --script "$s" --mode "$mode" --seed "$seed" \
-    --log "$log" --exit-code "$code")"
+    --log "$log" --exit-code "$code" ${stopped[@]+"${stopped[@]}"})"
   case $? in
     0) ;;
     2) wait; exit 2 ;; # records.jsonl cannot be written: the error line is out, the runs in flight end unrecorded

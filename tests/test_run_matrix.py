@@ -22,7 +22,8 @@ SHORT = ["--", "--total-timesteps", "600", "--learning-starts", "100", "--batch-
 # --compile alone prints a progress line, waits FAKE_HOLD seconds and presses Ctrl-C for its whole process group
 # (run.sh's too), then ends as the scripts do: a record of the steps done, marked interrupted, and exit code 130.
 # With FAKE_PEER=<file> too, the run without flags prints the same line, creates the file and waits for the
-# Ctrl-C, which the --compile run sends once the file is there: two runs in flight get it.
+# Ctrl-C, which the --compile run sends once the file is there: two runs in flight get it; with FAKE_IMPORTING=1
+# it ends as a script that gets Ctrl-C while Python imports: exit code 1, no record.
 FAKE_RUN = """import json, os, signal, sys, time
 argv = sys.argv[1:]
 if "--cudagraphs" in argv and "--compile" not in argv:
@@ -49,6 +50,8 @@ if os.environ.get("FAKE_INTERRUPT") == "1" and (presses or waits):
             os.killpg(0, signal.SIGINT)
         time.sleep(60)
     except KeyboardInterrupt:
+        if waits and os.environ.get("FAKE_IMPORTING") == "1":
+            sys.exit(1)
         record.update(interrupted=True, steady=False, total_timesteps=1200)
 with open(argv[argv.index("--speed-log") + 1], "a") as f:
     f.write(json.dumps(record) + "\\n")
@@ -174,9 +177,9 @@ def test_report_marks_short_interrupted_and_missing(tmp_path):
     assert "0 runs ok, 0 failed, 11 missing" in md and md.count(f"| {fast} | ") == 8
 
 
-def append(out, side, code, mode="compile", seed=1):
+def append(out, side, code, mode="compile", seed=1, *stopped):
     return run_cli(REPORT, "append", out, "--side", side, "--script", "fake_torchcompile", "--mode", mode,
-                   "--seed", seed, "--log", f"logs/{mode}__s{seed}.log", "--exit-code", code)  # fmt: skip
+                   "--seed", seed, "--log", f"logs/{mode}__s{seed}.log", "--exit-code", code, *stopped)  # fmt: skip
 
 
 def test_done_and_append(tmp_path):
@@ -210,13 +213,17 @@ def test_done_and_append(tmp_path):
     side.write_text(json.dumps({**record, "interrupted": True, "total_timesteps": 700}) + "\n")
     proc = append(out, side, 130, mode="compile+cudagraphs")
     assert proc.returncode == 1 and proc.stdout.startswith("INTERRUPTED after 700 steps (exit code 130)")
+    # Ctrl-C from run.sh while Python imported: exit code 1 and no record, an interruption all the same
+    proc = append(out, tmp_path / "no_such.record", 1, "eager", 3, "--stopped")
+    assert proc.returncode == 1 and proc.stdout.strip() == "INTERRUPTED (exit code 1), see logs/eager__s3.log"
     side.write_text(json.dumps(record) + "\n")
     assert append(out, side, 0, seed=2).returncode == 0
 
     entries = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     assert [(e["mode"], e["seed"], e["status"]) for e in entries] == [
         ("compile", 1, "ok"), ("eager", 1, "ok"), ("cudagraphs", 1, "failed"), ("compile", 2, "failed"),
-        ("eager", 2, "failed"), ("compile+cudagraphs", 1, "interrupted"), ("compile", 2, "ok"),
+        ("eager", 2, "failed"), ("compile+cudagraphs", 1, "interrupted"), ("eager", 3, "interrupted"),
+        ("compile", 2, "ok"),
     ]  # fmt: skip
     assert "fps" not in entries[2] and set(entries[2]) == {"script", "seed", "mode", "log", "status", "exit_code",
                                                            "cpu_model", "date"}  # fmt: skip
@@ -441,22 +448,23 @@ def test_gpus_follow_cuda_visible_devices(repo, tmp_path):
 
 
 def test_gpus_interrupt(repo, tmp_path):
-    """Ctrl-C with two runs in flight (--gpus 2): both scripts get it and are recorded as interrupted, no further
-    run starts, the report names the 6 runs never started, and the resume line keeps --gpus 2."""
+    """Ctrl-C with two runs in flight (--gpus 2): both scripts get it and are recorded as interrupted (the one that
+    ends as Ctrl-C during Python's imports does, exit code 1 and no record, too), no further run starts, the report
+    names the 6 runs never started, and the resume line keeps --gpus 2."""
     out = tmp_path / "out"
     argv = ["--scripts", "fake_torchcompile", "--seeds", "1,2", "--gpus", "2", "--out", out]
-    proc = run_sh(repo, *argv, FAKE_INTERRUPT="1", FAKE_PEER=str(tmp_path / "peer"), CUDA_VISIBLE_DEVICES=None)
+    proc = run_sh(repo, *argv, FAKE_INTERRUPT="1", FAKE_PEER=str(tmp_path / "peer"), FAKE_IMPORTING="1",
+                  CUDA_VISIBLE_DEVICES=None)  # fmt: skip
     assert proc.returncode == 130, proc.stderr
     resume = f"rerun with --out {out} to resume: {repo / 'run.sh'} {' '.join(map(str, argv))}"
     assert proc.stderr.strip().splitlines()[-1] == f"interrupted: {resume}"
     assert "Traceback" not in proc.stderr
     records = read_records(out)
-    assert sorted((r["mode"], r["seed"], r["status"], r["exit_code"], r["total_timesteps"]) for r in records) == [
-        ("compile", 1, "interrupted", 130, 1200), ("eager", 1, "interrupted", 130, 1200)
+    assert sorted((r["mode"], r["seed"], r["status"], r["exit_code"], r.get("total_timesteps")) for r in records) == [
+        ("compile", 1, "interrupted", 130, 1200), ("eager", 1, "interrupted", 1, None)
     ]  # fmt: skip
-    for gpu, mode in ((0, "eager"), (1, "compile")):
-        name = f"fake_torchcompile__{mode}__s1"
-        assert f"[{gpu + 1}/8 gpu {gpu}] {name}: INTERRUPTED after 1200 steps (exit code 130)" in proc.stdout
+    assert "[1/8 gpu 0] fake_torchcompile__eager__s1: INTERRUPTED (exit code 1)" in proc.stdout
+    assert "[2/8 gpu 1] fake_torchcompile__compile__s1: INTERRUPTED after 1200 steps (exit code 130)" in proc.stdout
     assert "[3/8" not in proc.stdout
     assert "0 runs ok, 0 failed, 2 interrupted, 6 missing" in (out / "speed.md").read_text()
 

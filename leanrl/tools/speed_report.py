@@ -163,11 +163,12 @@ def print_done(directory):
             print(run_name(*run_key(record)))
 
 
-def append(directory, side, script, mode, seed, log, exit_code):
+def append(directory, side, script, mode, seed, log, exit_code, stopped=False):
     """Append one run's entry to DIR/records.jsonl: the speed record the script appended to the side file
     (its --speed-log) with mode, log, status, exit code, date and CPU model added. A run that exited non-zero or
     wrote no record goes in as failed, with only its script and seed; a run stopped by Ctrl-C (exit code 130,
-    or a record that says "interrupted") as interrupted, with the record of the steps done where there is one.
+    a record that says "interrupted", or any non-zero exit where run.sh says Ctrl-C reached it: `stopped`) as
+    interrupted, with the record of the steps done where there is one.
     Prints the outcome in a few words; returns 0 for ok, 1 otherwise."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the matrix, not the writing of the record
     record = None
@@ -177,7 +178,7 @@ def append(directory, side, script, mode, seed, log, exit_code):
         except RecordError:  # a script that died while writing: no record
             records = []
         record = records[-1] if records else None
-    interrupted = exit_code == 130 or bool(record and record.get("interrupted"))
+    interrupted = exit_code == 130 or stopped and exit_code != 0 or bool(record and record.get("interrupted"))
     ok = exit_code == 0 and record is not None and not interrupted
     status = "ok" if ok else "interrupted" if interrupted else "failed"
     entry = dict(record) if record is not None and status != "failed" else {}
@@ -420,6 +421,8 @@ def main(argv=None):
     p.add_argument("--log", required=True, help="the run's log, relative to DIR")
     p.add_argument("--exit-code", required=True, type=int, help="the script's exit code")
     p.add_argument("--side", help="the script's --speed-log file (its record; missing: the run failed)")
+    # Ctrl-C while Python imports ends a script with a traceback and exit code 1, not 130.
+    p.add_argument("--stopped", action="store_true", help="Ctrl-C reached the run: a non-zero exit is an interruption")
     args = parser.parse_args(argv)
     try:
         if args.command == "render":
@@ -429,7 +432,8 @@ def main(argv=None):
         else:
             if not os.path.isdir(args.dir):
                 fail(f"{args.dir} is not a directory")
-            return append(args.dir, args.side, args.script, args.mode, args.seed, args.log, args.exit_code)
+            return append(args.dir, args.side, args.script, args.mode, args.seed, args.log, args.exit_code,
+                          args.stopped)
     except RecordError as e:
         fail(str(e))
     return 0
