@@ -204,11 +204,13 @@ def test_resume_goes_on_with_the_kernel_seed(tmp_path, monkeypatch):
     from --seed would give again."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     saved, seeds = tmp_path / "saved", []
-    for extra in (["--save-dir", saved], ["--resume", saved, "--total-timesteps", str(10 * 8 * 16)]):
+    # Two iterations, then one more: each launch is slow in the interpreter.
+    for extra in (["--save-dir", saved, "--total-timesteps", str(2 * 8 * 16)],
+                  ["--resume", saved, "--total-timesteps", str(3 * 8 * 16)]):  # fmt: skip
         proc = run_cli(FAST, *TINY, "--fused-rollout", *extra)
         assert proc.returncode == 0, proc.stderr
         seeds.append(int(torch.load(saved / f"{FAST}.pt", weights_only=True)["state"]["fused_seed"]))
-    assert seeds[1] == seeds[0] + 5
+    assert seeds[1] == seeds[0] + 1
 
 
 def test_without_triton(monkeypatch, capsys, workdir):  # workdir: main() in this process puts its handlers in

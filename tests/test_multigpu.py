@@ -367,7 +367,7 @@ def test_a_killed_rank_restarts_and_the_run_finishes(tmp_path):
     """kill -9 of rank 1 mid-run under `torchrun --max-restarts 1`: torchrun starts both ranks again, they resume from
     the last checkpoint in --save-dir by themselves, and the run finishes (exit 0) with its record, which counts the
     restart; what was lost is at most one --save-every interval."""
-    argv, steps = [*CLASSIC_TINY, "--save-dir", "run", "--save-every", "1024"], 256 * 400
+    argv, steps = [*CLASSIC_TINY, "--save-dir", "run", "--save-every", "1024"], 256 * 100
     command = torchrun(CLASSIC_BASE, *argv, "--total-timesteps", str(steps))
     command[command.index("--standalone")] += " --max-restarts 1".replace(" ", "\0")  # two arguments, below
     command = [part for arg in command for part in arg.split("\0")]
