@@ -10,10 +10,11 @@ import json
 import os
 import subprocess
 import sys
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 
 import pytest
 from helpers import MODULES, SCRIPTS, assert_one_line_error, load_script
@@ -47,23 +48,90 @@ WORKERS = max(2, os.cpu_count() or 1)
 # Scripts that run in one process (no torchrun): their bundles carry none of the harness's torchrun functions.
 SINGLE_PROCESS = ["dqn", "ppo_continuous_action", "sac_continuous_action", "td3_continuous_action"]
 ARGS_WITHIN = 80  # the line `class Args` is on at most
+# Printed on stdout and stderr between a bundle's --help and its tiny run (HELP_THEN_RUN).
+SEPARATOR = "---- the bundle's --help ended here; its tiny run follows ----"
+# `python -c HELP_THEN_RUN BUNDLE ARGV...`: the bundle's --help, then its run with ARGV, each as `python BUNDLE` runs
+# it (sys.argv[0] the bundle's name, which runpy.run_path would make its path; __file__ its path; its folder first on
+# sys.path; a fresh __main__; the process's own stdout, whose kind tyro's help follows), in one process: torch and the
+# rest imported once for both. A --help that fails ends the process as it would end its own, before the run.
+HELP_THEN_RUN = f"""
+import os, sys, types
+
+bundle, argv = sys.argv[1], sys.argv[2:]
+path = os.path.abspath(bundle)
+sys.path[0] = os.path.dirname(path)
+code = compile(open(path, "rb").read(), path, "exec")
+
+
+def run(*args):
+    sys.argv = [bundle, *args]
+    sys.modules["__main__"] = main = types.ModuleType("__main__")
+    main.__file__ = path
+    exec(code, vars(main))
+
+
+try:
+    run("--help")
+except SystemExit as stop:
+    if stop.code not in (None, 0):
+        raise
+for stream in (sys.stdout, sys.stderr):
+    print({SEPARATOR!r}, file=stream, flush=True)
+run(*argv)
+"""
 
 
 def bundle_name(name):
     return f"my_{name}"  # another name than the script's: the record must carry the bundle's
 
 
-def run_alone(bundle, argv):
-    """Run a bundle from its own folder, where nothing else is, with no path to the project's modules."""
+def run_alone(bundle, argv, driver=None):
+    """Run a bundle from its own folder, where nothing else is, with no path to the project's modules (with a driver,
+    `python -c DRIVER BUNDLE ARGV...`)."""
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    return subprocess.run([sys.executable, bundle.name, *argv], cwd=bundle.parent, env=env, capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+    command = [sys.executable, *(["-c", driver] if driver else []), bundle.name, *argv]
+    return subprocess.run(command, cwd=bundle.parent, env=env, capture_output=True, text=True, timeout=600)
+
+
+def help_then_tiny_run(bundle, argv):
+    """The bundle's --help, then its tiny run with argv, as run_alone runs each but in one process (HELP_THEN_RUN):
+    (help, tiny run), each as subprocess.run returns it; no tiny run (None) where argv is None or the --help failed."""
+    if argv is None:
+        return run_alone(bundle, ["--help"]), None
+    proc = run_alone(bundle, argv, HELP_THEN_RUN)
+    if SEPARATOR + "\n" not in proc.stdout:
+        return proc, None
+    out, err = proc.stdout.partition(SEPARATOR + "\n"), proc.stderr.partition(SEPARATOR + "\n")
+    return (subprocess.CompletedProcess(proc.args, 0, out[0], err[0]),
+            subprocess.CompletedProcess(proc.args, proc.returncode, out[2], err[2]))  # fmt: skip
 
 
 def script_help(name):
-    """The script's own --help, run as its user runs it from leanrl/."""
-    return subprocess.run([sys.executable, f"{name}.py", "--help"], cwd=SCRIPTS, capture_output=True, text=True,
-                          timeout=600, check=False)  # fmt: skip
+    """The script's own --help as its user gets it, `python NAME.py --help` from leanrl/ with the output captured, but
+    run in this process, where the modules it imports load once for all the scripts: sys.argv[0] its name, __file__
+    its path, leanrl/ first on sys.path, a fresh __main__; stdout as a pipe is, no terminal, of the encoding a new
+    process's has (tyro's boxes, colours and width follow it). As subprocess.run returns it."""
+    path = SCRIPTS / f"{name}.py"
+    main, out, err = ModuleType("__main__"), io.TextIOWrapper(io.BytesIO(), sys.__stdout__.encoding), io.StringIO()
+    main.__file__ = str(path)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "argv", [path.name, "--help"])
+        patch.setattr(sys, "path", [str(SCRIPTS), *sys.path])
+        patch.setattr(sys, "stdout", out)
+        patch.setattr(sys, "__stdout__", out)  # shutil.get_terminal_size(), tyro's width, asks it
+        patch.setattr(sys, "stderr", err)
+        patch.setitem(sys.modules, "__main__", main)
+        try:
+            exec(compile(path.read_bytes(), str(path), "exec"), vars(main))
+            code = 0
+        except SystemExit as stop:
+            code = stop.code or 0
+        except Exception:  # a broken script: its test fails with the traceback, as from a process of its own
+            traceback.print_exc()
+            code = 1
+    out.flush()
+    stdout = out.buffer.getvalue().decode(out.encoding)
+    return subprocess.CompletedProcess([path.name, "--help"], code, stdout, err.getvalue())
 
 
 def bundle_text(name):
@@ -80,9 +148,10 @@ def top_level_definitions(text):
 
 @pytest.fixture(scope="module")
 def bundles(request, tmp_path_factory):
-    """Every script that a selected test names bundled into a folder of its own, then its --help, the script's own
-    --help and its tiny run started, all at once (WORKERS at a time, the slow MuJoCo Warp ones first): {name: (error
-    or None, (bundle's help, script's help), run, the bundle's text)}."""
+    """Every script that a selected test names bundled into a folder of its own, then its --help and its tiny run
+    started in one process, all at once (WORKERS at a time, the slow MuJoCo Warp ones first), and meanwhile the
+    script's own --help run in this process: {name: (error or None, future of (bundle's help, tiny run), script's
+    help, the bundle's text)}."""
     selected = {item.callspec.params.get("name") for item in request.session.items if hasattr(item, "callspec")}
     pool, started = ThreadPoolExecutor(WORKERS), {}
     for name in sorted(set(NAMES) & selected, key=lambda name: ("gpu_mujoco" not in name, name)):
@@ -94,9 +163,8 @@ def bundles(request, tmp_path_factory):
             started[name] = (err.getvalue(), None, None, None)
             continue
         argv = [*TINY[name][0], "--no-cuda", "--no-tensorboard"] if name in TINY else None
-        tiny = pool.submit(run_alone, bundle, argv) if argv else None
-        helps = pool.submit(run_alone, bundle, ["--help"]), pool.submit(script_help, name)
-        started[name] = (None, helps, tiny, bundle.read_text())
+        runs = pool.submit(help_then_tiny_run, bundle, argv)
+        started[name] = (None, runs, script_help(name), bundle.read_text())
     yield started
     pool.shutdown(cancel_futures=True)
 
@@ -104,9 +172,9 @@ def bundles(request, tmp_path_factory):
 @pytest.mark.parametrize("name", NAMES)
 def test_bundle_help(name, bundles):
     """The bundle's --help, alone in an empty folder, is the script's, but for the name it goes by."""
-    error, (help_run, script_run), _, _ = bundles[name]
+    error, runs, script, _ = bundles[name]
     assert error is None, error
-    proc, script = help_run.result(), script_run.result()
+    proc = runs.result()[0]
     assert proc.returncode == 0, proc.stderr
     assert f"usage: {bundle_name(name)}.py" in proc.stdout and "--save-dir" in proc.stdout
     assert script.returncode == 0, script.stderr
@@ -156,9 +224,10 @@ def test_single_process_bundle_has_no_torchrun(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_bundle_tiny_run(name, bundles):
     assert name in TINY, f"{name}: a new script? give it a tiny run in TINY"
-    error, _, tiny, _ = bundles[name]
+    error, runs, _, _ = bundles[name]
     assert error is None, error
-    proc = tiny.result()
+    help_run, proc = runs.result()
+    assert proc is not None, f"not run: the bundle's --help, run first, failed: {help_run.stderr}"
     assert proc.returncode == 0, proc.stderr
     record = json.loads(proc.stdout.strip().splitlines()[-1])
     assert record["script"] == bundle_name(name) and record["device"] == "cpu"
