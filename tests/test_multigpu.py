@@ -219,13 +219,14 @@ def loss_of(network, obs, actions):
     return (value.squeeze(1) ** 2 - logprob - 0.01 * entropy).mean()
 
 
-def updated_on_whole_and_half(rank, script, args, make_agent, minibatch):
-    """[(agent, stats)] of a twin's update, from the same start, on the whole minibatch and on this rank's half."""
+def updated_on_whole_and_half(rank, script, args, make_agent, minibatch, whole_args=None):
+    """[(agent, stats)] of a twin's update, from the same start, on the whole minibatch (made with whole_args where
+    given) and on this rank's half."""
     results = []
     for part in (slice(None), slice(rank * FRAMES // 2, (rank + 1) * FRAMES // 2)):
         torch.manual_seed(0)
         agent = make_agent()
-        _, update, _, stats = script.make_update_fns(agent, args)
+        _, update, _, stats = script.make_update_fns(agent, whole_args if whole_args and part == slice(None) else args)
         update(*(tensor[part] for tensor in minibatch))
         results.append((agent, stats))
     return results
@@ -257,8 +258,9 @@ def classic_update_is_the_whole_batch_update(rank):
 def atari_update_is_the_whole_batch_update(rank, obs, actions, compile):
     """The Atari twin in a process group: its update (backward into the flat gradient buffer, the all-reduce, then
     clipping and Adam; with --compile all in one compiled function, as it is captured on GPUs) on this rank's half of
-    a minibatch gives the gradient and the parameters of the update on the whole minibatch (advantages not
-    normalised per minibatch, so that the loss is a mean over the batch)."""
+    a minibatch gives the gradient and the parameters of the eager update on the whole minibatch (advantages not
+    normalised per minibatch, so that the loss is a mean over the batch; the whole batch's update eager, as one
+    compilation a rank is enough)."""
     fast = load_script(FAST)
     args = fast.Args(norm_adv=False, compile=compile)
     generator = torch.Generator().manual_seed(3)
@@ -266,7 +268,8 @@ def atari_update_is_the_whole_batch_update(rank, obs, actions, compile):
     advantages, returns, values = torch.randn(3, FRAMES, generator=generator)
     minibatch = (obs, actions, logprobs, advantages, returns, values)
     make_agent = functools.partial(fast.Agent, args, N_ACT, "cpu")
-    (whole, _), (halves, _) = updated_on_whole_and_half(rank, fast, args, make_agent, minibatch)
+    eager = fast.Args(norm_adv=False)
+    (whole, _), (halves, _) = updated_on_whole_and_half(rank, fast, args, make_agent, minibatch, eager)
     assert halves.grads is not None, "in a process group the gradients are views of one flat buffer"
     torch.testing.assert_close(halves.grads, whole.grads, rtol=1e-4, atol=1e-6)
     for p_whole, p_halves in zip(whole.network.parameters(), halves.network.parameters()):
