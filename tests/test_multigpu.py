@@ -222,11 +222,11 @@ def loss_of(network, obs, actions):
 def updated_on_whole_and_half(rank, script, args, make_agent, minibatch, whole_args=None):
     """[(agent, stats)] of a twin's update, from the same start, on the whole minibatch (made with whole_args where
     given) and on this rank's half."""
-    results = []
-    for part in (slice(None), slice(rank * FRAMES // 2, (rank + 1) * FRAMES // 2)):
+    results, half = [], slice(rank * FRAMES // 2, (rank + 1) * FRAMES // 2)
+    for part, part_args in ((slice(None), whole_args or args), (half, args)):
         torch.manual_seed(0)
         agent = make_agent()
-        _, update, _, stats = script.make_update_fns(agent, whole_args if whole_args and part == slice(None) else args)
+        _, update, _, stats = script.make_update_fns(agent, part_args)
         update(*(tensor[part] for tensor in minibatch))
         results.append((agent, stats))
     return results
