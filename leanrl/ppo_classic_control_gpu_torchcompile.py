@@ -99,7 +99,7 @@ class ActorCritic(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), self.critic(x)
 
 
-class Rollout:  # trick 15: the rollout as one graph, with one more row
+class Rollout:  # trick 15: the rollout captured, with one more row
     """One rollout of num_steps steps of num_envs envs, on the device. obs and dones have one more row: the
     observation after the last step, which GAE bootstraps from and the next rollout starts with."""
 
@@ -219,7 +219,7 @@ def make_update_fns(agent, args):
     return gae, update_distributed if dist.is_initialized() else update, policy, stats
 
 
-def make_collect(policy, envs, rollout, args):  # trick 15: the rollout as one graph
+def make_collect(policy, envs, rollout, args):  # trick 15: the rollout captured
     """collect(): one rollout of num_steps steps of all envs into `rollout`, from the observation and done flags the
     last one ended in (its last rows). With --compile the env step (policy, env, auto-reset, storage) is compiled;
     with --cudagraphs the whole rollout is one CUDA graph: one replay per iteration, no Python per step."""
@@ -280,7 +280,7 @@ def train(args, run):
     agent = Agent(args, envs.physics.n_obs, envs.physics.n_act, device)
     gae, update, policy, stats = make_update_fns(agent, args)
     rollout = Rollout(args.num_steps, args.num_envs, envs.physics.n_obs, device)
-    rollout.obs[-1] = envs.observe()  # trick 15: the rollout as one graph, which starts from its last row
+    rollout.obs[-1] = envs.observe()  # trick 15: the rollout captured, which starts from its last row
     state = {"net": agent.net, "optimizer": agent.optimizer}
     if args.fused_rollout:  # trick 20: the rollout as one Triton kernel
         collect = make_fused_collect(agent.net, envs, rollout)
@@ -304,7 +304,7 @@ def train(args, run):
             agent.set_learning_rate(frac * args.learning_rate)
         global_step += steps_per_iteration
         phase("env_step")
-        collect()  # trick 15: the rollout as one graph
+        collect()  # trick 15: the rollout captured
         phase("other")
         if rank == 0:  # rank 0 alone shows progress
             run.tick(global_step)

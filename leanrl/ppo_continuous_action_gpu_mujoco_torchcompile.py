@@ -1,5 +1,5 @@
 # PPO for continuous actions (CleanRL's ppo_continuous_action.py) on batched MuJoCo envs simulated with MuJoCo Warp on
-# the device that torch uses, made fast: the whole rollout, Warp's physics included, one CUDA graph; GAE as a scan;
+# the device that torch uses, made fast: an env step, Warp's physics included, one CUDA graph; GAE as a scan;
 # compile; data-parallel under torchrun. Docs: docs/gpu_mujoco.md
 import copy
 import random
@@ -106,7 +106,7 @@ class ActorCritic(nn.Module):
         return action, probs.log_prob(action).sum(1), probs.entropy().sum(1), self.critic(x)
 
 
-class Rollout:  # trick 15: the rollout as one graph, which writes the next rollout's first row too
+class Rollout:  # trick 15: the rollout captured, which writes the next rollout's first row too
     """One rollout of num_steps steps of num_envs envs, on the device. obs and dones have one more row: the observation
     the next rollout starts with, GAE's bootstrap."""
 
@@ -244,13 +244,15 @@ def make_update_fns(agent, args):
     return gae, update_distributed if dist.is_initialized() else update, policy, stats
 
 
-def make_collect(agent, policy, envs, rollout, args):  # trick 15: the rollout as one graph
+def make_collect(agent, policy, envs, rollout, args):  # trick 15: the rollout captured, one env step's graph
     """collect(): one rollout of num_steps steps of all envs into `rollout`, from the observation and done flags the
-    last one ended in (its last rows). With --cudagraphs it is one CUDA graph: policy, Warp's physics, rewards,
-    resets, normalisation and storage, one replay per iteration and no Python per step."""
+    last one ended in (its last rows). With --cudagraphs an env step is one CUDA graph: policy, Warp's physics, rewards,
+    resets, normalisation and storage, replayed num_steps times. The row it writes is a device index, so one capture
+    serves every step: capturing MuJoCo Warp's solver loops is seconds of CPU work per step."""
+    t = torch.zeros(1, dtype=torch.long, device=rollout.obs.device)
 
-    def step(t):
-        action, logprob, value = policy(rollout.obs[t])
+    def step():
+        action, logprob, value = policy(rollout.obs[t][0])
         next_obs, reward, next_done, final_obs, truncated = envs.step(action)
         with torch.no_grad():  # a time limit is bootstrapped with V(final observation) (docs/ppo_continuous.md)
             reward = reward + args.gamma * agent.net.critic(final_obs).flatten() * truncated
@@ -260,16 +262,19 @@ def make_collect(agent, policy, envs, rollout, args):  # trick 15: the rollout a
         rollout.rewards[t] = reward
         rollout.obs[t + 1] = next_obs
         rollout.dones[t + 1] = next_done
+        t.add_(1)
+
+    if args.cudagraphs:
+        step = CudaGraphModule(step, warmup=3 if args.compile else 2)
 
     def collect():
         # The observation the last rollout ended in is the first of this one.
         rollout.obs[0] = rollout.obs[-1]
         rollout.dones[0] = rollout.dones[-1]
-        for t in range(args.num_steps):
-            step(t)
+        t.zero_()
+        for _ in range(args.num_steps):
+            step()
 
-    if args.cudagraphs:
-        collect = CudaGraphModule(collect, warmup=3 if args.compile else 2)
     return collect
 
 
@@ -300,7 +305,7 @@ def train(args, run):
     np.random.seed(args.seed + rank)
     torch.manual_seed(args.seed + rank)
     device, phase = run.device, run.phase
-    # trick 15: the rollout as one graph: these envs' physics can join collect's graph
+    # trick 15: the rollout captured: these envs' physics can join a step's graph
     envs = CapturableEnvs(args.env_id, args.num_envs, args.gamma, device)
     n_obs, n_act = envs.obs.shape[1], envs.n_act
     agent = Agent(args, n_obs, n_act, device)
@@ -332,7 +337,7 @@ def train(args, run):
 
         global_step += steps_per_iteration
         phase("env_step")
-        collect()  # trick 15: the rollout as one graph
+        collect()  # trick 15: the rollout captured
         phase("other")
         if rank == 0:  # rank 0 alone shows progress
             run.tick(global_step)

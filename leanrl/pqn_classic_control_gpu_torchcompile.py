@@ -99,7 +99,7 @@ def linear_schedule(start_e, end_e, duration, t):
     return torch.clamp(torch.as_tensor(slope * t + start_e), min=end_e)
 
 
-class Rollout:  # trick 15: the rollout as one graph, with one more row
+class Rollout:  # trick 15: the rollout captured, with one more row
     """One rollout of num_steps steps of num_envs envs, on the device. obs and dones have one more row: the
     observation after the last step, which the returns bootstrap from and the next rollout starts with."""
 
@@ -178,7 +178,7 @@ def make_update_fns(agent, args):
     return q_lambda, update, policy, stats
 
 
-def make_collect(policy, envs, rollout, args):  # trick 15: the rollout as one graph
+def make_collect(policy, envs, rollout, args):  # trick 15: the rollout captured
     """collect(): one rollout of num_steps steps of all envs into `rollout`, from the observation and done flags the
     last one ended in (its last rows). With --compile the env step (policy, env, auto-reset, storage) is compiled;
     with --cudagraphs the whole rollout is one CUDA graph: one replay per iteration, no Python per step."""
@@ -247,7 +247,7 @@ def train(args, run):
     global_step = run.start(state, total_steps=num_iterations * batch_size,
                             warmup_steps=WARMUP_ITERATIONS * batch_size, profile_steps=PROFILE_ITERATIONS * batch_size,
                             env_steps_per_call=batch_size)  # fmt: skip
-    rollout.obs[-1] = envs.observe()  # trick 15: the rollout as one graph, which starts from its last row
+    rollout.obs[-1] = envs.observe()  # trick 15: the rollout captured, which starts from its last row
     # A resumed run goes on with the iteration after its checkpoint's, the learning rate annealed from there.
     for iteration in range(global_step // batch_size + 1, num_iterations + 1):
         if not run.proceed(global_step):  # Ctrl-C, SIGTERM or a loss gone NaN: saved, the loop ends here
@@ -258,7 +258,7 @@ def train(args, run):
             agent.set_learning_rate(frac * args.learning_rate)
         phase("env_step")
         rollout.start_step.fill_(global_step)  # trick 7: no host sync, in place as the learning rate: for epsilon
-        collect()  # trick 15: the rollout as one graph
+        collect()  # trick 15: the rollout captured
         global_step += batch_size
         phase("other")
         run.tick(global_step)

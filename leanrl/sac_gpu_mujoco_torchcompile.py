@@ -324,7 +324,7 @@ def actor_updates(args, vector_step):
             for k in range(args.num_updates)]  # fmt: skip
 
 
-def make_collect(policy, envs, rb, obs, args):  # trick 15: the rollout as one graph, here one act-and-env step
+def make_collect(policy, envs, rb, obs, args):  # trick 15: the rollout captured, here one act-and-env step
     """collect(): one env step of all envs from `obs` (raw, updated in place): act, step, store, update the
     observation statistics. With --cudagraphs one CUDA graph, Warp's physics included."""
 
@@ -402,7 +402,7 @@ def train(args, run):
     # Sizes are per rank, but for the global --batch-size; global_step counts the env steps of all ranks, as
     # --total-timesteps and --learning-starts do.
     all_envs = n_envs * world_size  # env steps of one vector step of all ranks
-    # trick 15: the rollout as one graph: these envs' physics can join collect's graph
+    # trick 15: the rollout captured: these envs' physics can join collect's graph
     envs = CapturableEnvs(args.env_id, n_envs, args.gamma, device)
     n_obs, n_act = envs.obs.shape[1], envs.n_act  # envs.obs_rms: statistics of the first observations
     agent = Agent(args, n_obs, n_act, envs.low, envs.high, device)
@@ -420,7 +420,7 @@ def train(args, run):
         if not run.proceed(global_step):  # Ctrl-C, SIGTERM or a loss gone NaN: saved, the loop ends here
             break
         phase("env_step")
-        collect()  # trick 15: the rollout as one graph
+        collect()  # trick 15: the rollout captured
         if global_step >= args.learning_starts:
             phase("update")
             train_step(actor_updates(args, global_step // all_envs))  # trick 14: one graph per training step

@@ -218,6 +218,25 @@ def test_rollout_is_the_baselines(mode, capsys, monkeypatch):
         torch.testing.assert_close(second_f[key][0], second_b[key][0], **tol)
 
 
+@requires_cuda
+@pytest.mark.parametrize("mode", [["--cudagraphs"], ["--compile", "--cudagraphs"]], ids=mode_id)
+@pytest.mark.usefixtures("eager_random")
+def test_captured_rollout_is_the_eager_one(mode, capsys, monkeypatch):
+    """On CUDA, the rollout that replays one captured env step's graph (its row a device index) is the same twin's
+    without the graph, row for row (bit for bit; compiled, to float rounding): the first rollout crosses the warm-up
+    calls, the capture and the first replays, the second is replays only."""
+    monkeypatch.setattr(mujoco_warp_envs, "MAX_EPISODE_STEPS", 16)
+    runs = []
+    for argv in (ROLLOUT + mode[:-1], ROLLOUT + mode):
+        with monkeypatch.context() as patch:  # one script module: each run's recording patches it afresh
+            runs.append(rollouts(FAST, argv, capsys, patch)[0])
+    eager, captured = runs
+    tol = 1e-5 if "--compile" in mode else 0.0
+    for i, (rollout_c, rollout_e) in enumerate(zip(captured, eager, strict=True)):
+        for key in ROLLOUT_KEYS:
+            torch.testing.assert_close(rollout_c[key], rollout_e[key], atol=tol, rtol=tol, msg=f"{i}: {key}")
+
+
 # Hopper's sizes (11 observations, 3 actions), TINY's minibatches and rollouts: the compiled functions find the TINY
 # runs' graphs in Inductor's cache.
 N_OBS, N_ACT, MINIBATCH = 11, 3, 16
