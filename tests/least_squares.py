@@ -2,6 +2,7 @@
 harness once for every training script."""
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -24,6 +25,8 @@ class Args:  # the toy's flags; parse_args adds the run options every script sha
     """the learning rate of the optimizer"""
     step_seconds: float = 0.0
     """seconds each step sleeps, so that tests can interrupt a run in its loop"""
+    worker_seconds: float = 0.0
+    """seconds a worker thread started with the first step runs (as a compiler's pool runs its builds)"""
     capture_video: bool = False
     """record videos under videos/<run name>/ (env 0 in training; every episode of --eval-checkpoint)"""
 
@@ -43,6 +46,8 @@ def train(args, run):
     state = {"model": model, "optimizer": optimizer, "seen": seen}
     first_step = run.start(state, total_steps=args.total_timesteps, warmup_steps=8 * args.num_envs,
                            profile_steps=4 * args.num_envs, env_steps_per_call=args.num_envs)  # fmt: skip
+    if args.worker_seconds:
+        threading.Thread(target=time.sleep, args=(args.worker_seconds,)).start()
     for global_step in range(first_step, args.total_timesteps, args.num_envs):
         if not run.proceed(global_step):
             break

@@ -37,16 +37,20 @@ from .progress import CONSOLE_SECONDS, Progress, ScalarLog, fail
 from .signals import StopSignals
 from .speed import SpeedWindow, print_record
 
-# Notes that are not the user's concern; the last: the episode an evaluation leaves unfinished is not recorded.
+# Notes that are not the user's concern; the last two: the episode an evaluation leaves unfinished is not recorded,
+# and a stop cut torch.compile's trace of a backward short (it traces with autograd's anomaly mode on).
 QUIET_WARNINGS = (r".*The environment \S+-v\d+ is out of date", r"Using lock_\(\) inside a compiled graph",
                   r"TensorFloat32 tensor cores", r"The AccumulateGrad node's stream does not match",
-                  r"\s*Online softmax is disabled on the fly", r".*Unable to save last video")  # fmt: skip
+                  r"\s*Online softmax is disabled on the fly", r".*Unable to save last video",
+                  r"Error detected in \w+\. Traceback of forward call")  # fmt: skip
 
 
 class Run:
     def __init__(self, args, script_file, checkpoint, ranks=None):
         """ranks: under torchrun, what setup_distributed returned (None: one process)."""
-        self.t_start, self.args, self.checkpoint, self.ranks = time.perf_counter() - age(script_file), args, checkpoint, ranks
+        self.program = is_program(script_file)  # not called from other code (tests, a notebook)
+        self.t_start = time.perf_counter() - (age() if self.program else 0.0)
+        self.args, self.checkpoint, self.ranks = args, checkpoint, ranks
         self.script = os.path.basename(script_file).removesuffix(".py")
         if ranks is None and int(os.environ.get("WORLD_SIZE", 1)) > 1:
             fail(f"{self.script} runs in one process: start it with python, not torchrun")
@@ -303,6 +307,11 @@ class Run:
             print(f"error: {self.diverged}", file=sys.stderr, flush=True)
         record = self.record(window, t_end)
         print_record(record, self.args.speed_log)
+        if self.abrupt and self.program:
+            # A unit cut short leaves its worker threads running (Inductor's compile pool: its C++ builds), which the
+            # interpreter's exit would wait for, seconds on a busy machine; the run's files are written.
+            sys.stderr.flush()
+            os._exit(exit_code(record))
         return record
 
     def record(self, window, t_end):
@@ -327,12 +336,14 @@ class Run:
         }  # fmt: skip
 
 
-def age(script_file):
-    """Seconds since this process started, when the script is its program (Linux's /proc; elsewhere, or called from
-    other code, 0): a run's times count its imports too."""
+def is_program(script_file):
+    """Whether the script is this process's program (a bundle is its own)."""
     program = getattr(sys.modules.get("__main__"), "__file__", None)
-    if program is None or os.path.realpath(program) != os.path.realpath(script_file):
-        return 0.0
+    return program is not None and os.path.realpath(program) == os.path.realpath(script_file)
+
+
+def age():
+    """Seconds since this process started (Linux's /proc; elsewhere 0): a run's times count its imports too."""
     try:
         with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
             ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # the start, in clock ticks after the boot
