@@ -24,7 +24,7 @@ class Args:  # the toy's flags; parse_args adds the run options every script sha
     learning_rate: float = 1e-2
     """the learning rate of the optimizer"""
     step_seconds: float = 0.0
-    """seconds each step sleeps, so that tests can interrupt a run in its loop"""
+    """seconds each step (and each evaluated episode) sleeps, so that tests can interrupt a run in its loop"""
     worker_seconds: float = 0.0
     """seconds a worker thread started with the first step runs (as a compiler's pool runs its builds)"""
     capture_video: bool = False
@@ -72,6 +72,7 @@ def evaluate(args, run, saved):
     model.load_state_dict(saved["model"])
     while True:
         x = torch.randn(16, 4)
+        time.sleep(args.step_seconds)
         yield -(model(x).squeeze(1) - x @ torch.arange(1.0, 5.0)).pow(2).mean().item()
 
 

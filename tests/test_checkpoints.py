@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from helpers import assert_equal, is_mp4, load_script, run_main, run_main_stderr
+from helpers import assert_equal, assert_one_line_error, is_mp4, load_script, run_bad_input, run_main, run_main_stderr
 
 import harness
 
@@ -86,6 +86,16 @@ def test_resumed_run_goes_on_from_its_checkpoint(name, workdir, capsys, monkeypa
     evaluation = script.main(["--eval-checkpoint", "run", "--eval-episodes", "2"])
     out = capsys.readouterr().out.strip().splitlines()
     assert json.loads(out[-1]) == evaluation and evaluation["episodes"] == 2 and len(evaluation["returns"]) == 2
+
+
+def test_evaluation_on_an_env_the_networks_do_not_fit(workdir, capsys):
+    """--eval-checkpoint with an env of other sizes than the checkpoint's (an observation of 2, not Pendulum's 3): one
+    line naming both envs and the first tensor that does not fit."""
+    name = "sac_continuous_action"
+    run_main(name, [*OFF_POLICY, "--total-timesteps", "210", "--no-tensorboard", "--save-dir", "run"], capsys)
+    argv = ["--eval-checkpoint", "run", "--env-id", "MountainCarContinuous-v0"]
+    assert_one_line_error(run_bad_input(name, argv, capsys), "--eval-checkpoint run: the saved networks do not fit "
+                          "MountainCarContinuous-v0 (they were trained on Pendulum-v1): size mismatch")  # fmt: skip
 
 
 def test_evaluation_beats_a_random_policy(workdir, capsys):

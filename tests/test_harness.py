@@ -300,8 +300,21 @@ def test_profile_window(capsys):
 def test_evaluation(saved, capsys):
     record = load_script(NAME).main(["--eval-checkpoint", "run", "--eval-episodes", "3"])
     out = capsys.readouterr().out.strip().splitlines()
-    assert json.loads(out[-1]) == record and record["episodes"] == 3 and len(out) == 4
+    assert json.loads(out[-1]) == record and record["episodes"] == 3 and len(out) == 4 and not record["interrupted"]
     assert out[:3] == [f"episode {i + 1}: return {r:.2f}" for i, r in enumerate(record["returns"])]
+
+
+def test_a_stop_during_evaluation_ends_it_with_the_episodes_done(saved, workdir):
+    """Ctrl-C during --eval-checkpoint: the record of the episodes done, marked interrupted, exit 130, no traceback."""
+    proc = start("--eval-checkpoint", "run", "--eval-episodes", "1000000", cwd=workdir)
+    while not proc.stdout.readline().startswith("episode 2:"):
+        assert proc.poll() is None
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=600)  # a hang guard, not a measure
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    record = json.loads(out.strip().splitlines()[-1])
+    assert record["interrupted"] and record["episodes"] >= 2 and len(record["returns"]) == record["episodes"]
+    assert f"interrupted after {record['episodes']} episodes" in err
 
 
 @pytest.mark.parametrize("signum, ignored", [(signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGINT, True)])

@@ -261,16 +261,32 @@ class Run:
             self.diverged = f"the run diverged: NaN in the policy at env step {self.steps}"
 
     def evaluation(self, returns):
-        """--eval-checkpoint: the first --eval-episodes of `returns`, each printed, then their record."""
-        done = []
-        for episodic_return in returns:
-            done.append(round(float(episodic_return), 2))
-            print(f"episode {len(done)}: return {done[-1]:.2f}", flush=True)
-            if len(done) == self.args.eval_episodes:
-                break
-        record = {"script": self.script, "env_id": self.args.env_id, "episodes": len(done),
-                  "checkpoint": checkpoint_file(self.args.eval_checkpoint, self.script),
-                  "mean": round(float(np.mean(done)), 2), "std": round(float(np.std(done)), 2), "returns": done}
+        """--eval-checkpoint: the first --eval-episodes of `returns`, each printed, then their record. Ctrl-C or
+        SIGTERM ends it with the episodes done (exit 130)."""
+        done, args = [], self.args
+        try:
+            for episodic_return in returns:
+                done.append(round(float(episodic_return), 2))
+                print(f"episode {len(done)}: return {done[-1]:.2f}", flush=True)
+                if len(done) == args.eval_episodes:
+                    break
+        except KeyboardInterrupt:
+            self.interrupted = True
+            print(f"interrupted after {len(done)} episodes", file=sys.stderr, flush=True)
+        except RuntimeError as e:  # torch's load_state_dict: the saved networks are of another size than this env's
+            if not str(e).startswith("Error(s) in loading state_dict"):
+                raise
+            trained_on = self.checkpoint["args"]["env_id"]
+            where = "" if trained_on == args.env_id else f" (they were trained on {trained_on})"
+            lines = [line.strip() for line in str(e).splitlines() if line.strip()]  # the first names the module only
+            fail(f"--eval-checkpoint {args.eval_checkpoint}: the saved networks do not fit {args.env_id}{where}: "
+                 f"{lines[min(1, len(lines) - 1)]}")  # fmt: skip
+        self.stops.ignore()
+        record = {"script": self.script, "env_id": args.env_id, "episodes": len(done),
+                  "checkpoint": checkpoint_file(args.eval_checkpoint, self.script),
+                  "mean": round(float(np.mean(done)), 2) if done else None,
+                  "std": round(float(np.std(done)), 2) if done else None, "returns": done,
+                  "interrupted": self.interrupted}  # fmt: skip
         print(json.dumps(record), flush=True)
         return record
 
