@@ -515,10 +515,11 @@ def test_a_deferred_signal_is_pending_until_the_ranks_agree(capsys):
             signal.signal(signum, handler)
 
 
-@pytest.mark.parametrize("nan", [True, False])
-def test_a_distribution_refusing_nan_is_divergence_only_if_the_trained_tensors_hold_it(nan, capsys, monkeypatch):
-    """A baseline's distribution checks its parameters and raises ValueError on NaN: the run ends as diverged (one line,
-    exit code 1) when the state that checkpoints hold is no longer finite; any other ValueError is a bug, raised."""
+@pytest.mark.parametrize("weight, scale", [(float("nan"), 1.0), (1.0, 0.0), (1.0, 1.0)], ids=["nan", "zero-scale", "bug"])
+def test_a_distribution_refusing_its_parameters_is_divergence(weight, scale, capsys, monkeypatch):
+    """A baseline's distribution checks its parameters and raises ValueError on NaN, or on a scale of 0 from finite
+    weights (exp of a log-std gone far negative): the run ends as diverged (one line, exit code 1). Any other
+    ValueError, with finite weights, is a bug: raised."""
     script = load_script(NAME)
 
     def train(args, run):
@@ -526,18 +527,47 @@ def test_a_distribution_refusing_nan_is_divergence_only_if_the_trained_tensors_h
         run.start({"model": model}, total_steps=8, warmup_steps=4, profile_steps=4, env_steps_per_call=4)
         run.proceed(4)
         with torch.no_grad():
-            model.weight.fill_(float("nan") if nan else 1.0)
-        torch.distributions.Normal(model(torch.ones(1, 2)), 1.0)  # validates its arguments: NaN raises
+            model.weight.fill_(weight)
+        torch.distributions.Normal(model(torch.ones(1, 2)), scale)  # validates its arguments
         raise ValueError("a bug of the script's")
 
     monkeypatch.setattr(script, "train", train)
-    if not nan:
+    if scale and weight == 1.0:
         with pytest.raises(ValueError, match="a bug of the script's"):
             script.main(["--no-tensorboard"])
         return
     record, err = run_main_stderr(NAME, ["--no-tensorboard"], capsys)
     assert record["diverged"] is True and record["interrupted"] is False and harness.exit_code(record) == 1
-    assert "error: the run diverged: NaN in the policy at env step 4" in err.splitlines()
+    what = "NaN in the policy" if scale else "the policy's distribution out of range"
+    assert f"error: the run diverged: {what} at env step 4" in err.splitlines()
+
+
+@pytest.mark.parametrize("nan_at", [12, 24], ids=["before-a-periodic-save", "in-the-last-step"])
+def test_weights_gone_nan_unlogged_are_divergence_and_never_saved(nan_at, capsys, monkeypatch):
+    """A loss that went NaN but that the loop never logged (CleanRL's scripts log every 100 steps): no checkpoint of
+    the NaN state, at a periodic save or at the end; the run ends as diverged, the last good checkpoint kept."""
+    from harness.run import all_finite
+
+    script = load_script(NAME)
+
+    def train(args, run):
+        model = torch.nn.Linear(2, 1)
+        run.start({"model": model}, total_steps=28, warmup_steps=4, profile_steps=4, env_steps_per_call=4)
+        for step in range(0, 28, 4):
+            if not run.proceed(step):
+                break
+            if step == nan_at:
+                with torch.no_grad():
+                    model.weight.fill_(float("nan"))
+
+    monkeypatch.setattr(script, "train", train)
+    argv = ["--no-tensorboard", "--save-dir", "run", "--save-every", "8"]
+    record, err = run_main_stderr(NAME, argv, capsys)
+    assert record["diverged"] is True and harness.exit_code(record) == 1
+    found_at, last_good = (16, 8) if nan_at == 12 else (24, 24)  # the periodic save at 16; the end's, after 24
+    assert f"error: the run diverged: NaN in the trained tensors at env step {found_at}" in err.splitlines()
+    assert checkpoint_of("run")["global_step"] == last_good
+    assert all_finite(checkpoint_of("run")["state"])
 
 
 def test_phases_are_markers_that_last_until_the_next(capsys):

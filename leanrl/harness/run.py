@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 import warnings
 from contextlib import contextmanager
 from ctypes.util import find_library
@@ -228,7 +229,11 @@ class Run:
                 self.diverged = f"the run diverged: {key} became {value} at env step {step}"
 
     def save(self, step):
-        """The checkpoint, atomically; the seconds it takes are left out of the fps."""
+        """The checkpoint, atomically; the seconds it takes are left out of the fps. Never of a state gone NaN (a loss
+        the loop has not logged yet): the run is diverged, and stops as the next unit begins."""
+        if not all_finite(self.state):
+            self.diverged = f"the run diverged: NaN in the trained tensors at env step {step}"
+            return
         t_save, args = time.perf_counter(), self.args
         checkpoint = {"format": CHECKPOINT_FORMAT, "script": self.script, "args": asdict(args), "global_step": step,
                       "returns": list(self.progress.returns), "curve": self.progress.curve, "rng": rng_states(),
@@ -244,7 +249,7 @@ class Run:
     def stoppable(self):
         """Around the loop, for the stops that cannot wait for its next unit: a second Ctrl-C or SIGTERM, or one
         before the loop began, ends it at once; a distribution's check of its parameters (a ValueError) ends it as
-        diverged when the trained tensors hold NaN or infinity."""
+        diverged, as does any ValueError when the trained tensors hold NaN or infinity."""
         try:
             yield
         except KeyboardInterrupt:
@@ -255,10 +260,13 @@ class Run:
                 raise
             fail(f"out of memory: {str(e).splitlines()[0]}; a smaller --buffer-size, --num-envs or --batch-size needs "
                  "less")  # fmt: skip
-        except ValueError:
-            if self.state is None or all_finite(self.state):
+        except ValueError as e:
+            finite = self.state is None or all_finite(self.state)
+            if finite and not (self.state is not None and checked_by_a_distribution(e)):
                 raise
-            self.diverged = f"the run diverged: NaN in the policy at env step {self.steps}"
+            # finite weights can still give a distribution out of range: exp(log_std) 0 or inf
+            what = "the policy's distribution out of range" if finite else "NaN in the policy"
+            self.diverged = f"the run diverged: {what} at env step {self.steps}"
 
     def evaluation(self, returns):
         """--eval-checkpoint: the first --eval-episodes of `returns`, each printed, then their record. Ctrl-C or
@@ -298,6 +306,8 @@ class Run:
         if self.window is not None:
             self.warmup_lines.join()  # no thread left at the interpreter's exit
         completed = self.window is not None and not (self.interrupted or self.diverged)
+        if completed and not all_finite(self.state):  # a loss gone NaN that the loop never logged
+            self.diverged, completed = f"the run diverged: NaN in the trained tensors at env step {self.steps}", False
         if self.ranks and self.window is not None and not self.abrupt and self.stops.signal is None:
             # every rank ran the loop to its end: a loss gone NaN in the last step, which only rank 0 logs, is agreed
             completed = not self.ranks.agree_to_stop(signal.SIGTERM if self.diverged else 0, self.device)
@@ -379,6 +389,11 @@ def all_finite(state):
         return all(all_finite(part) for part in state.values())
     tensors = state.parameters() if isinstance(state, torch.nn.Module) else [state] * isinstance(state, torch.Tensor)
     return all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
+
+
+def checked_by_a_distribution(error):
+    """Whether a ValueError came from a torch distribution's check of its parameters."""
+    return os.path.join("torch", "distributions", "") in traceback.extract_tb(error.__traceback__)[-1].filename
 
 
 def quiet_mujoco(env_id):
