@@ -73,9 +73,9 @@ def make_env(env_id, seed, video_folder=None, episode_trigger=None):
         try:
             env = gym.make(env_id, render_mode="rgb_array" if video_folder else None)
         except (gym.error.Error, ImportError) as e:  # ImportError: ids whose envs moved out of gymnasium (-v2, -v3)
-            fail(f"cannot make env {env_id!r}: {e}")
+            fail(f"--env-id {env_id!r}: gymnasium cannot make it: {e}")
         if not isinstance(env.action_space, gym.spaces.Discrete):
-            fail(f"{env_id} has a {type(env.action_space).__name__} action space; DQN needs a discrete one")
+            fail(f"--env-id {env_id} has a {type(env.action_space).__name__} action space; DQN needs a discrete one")
         if not isinstance(env.observation_space, gym.spaces.Box) or len(env.observation_space.shape) != 1:
             space = env.observation_space
             shape = f" of shape {space.shape}" if isinstance(space, gym.spaces.Box) else ""

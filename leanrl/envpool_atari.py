@@ -15,9 +15,9 @@ from harness import fail
 def make_envs(env_id, num_envs, seed):
     """envpool's Atari preprocessing: 4 stacked 84x84 gray frames, episodic life, rewards clipped to their sign."""
     if env_id not in envpool.list_all_envs():
-        fail(f"unknown env id {env_id!r}: not an envpool environment")
+        fail(f"--env-id {env_id!r}: not an envpool environment (its Atari ids look like Breakout-v5)")
     if "episodic_life" not in envpool.make_spec(env_id).config._fields:
-        fail(f"{env_id} is not an envpool Atari game")
+        fail(f"--env-id {env_id}: not an envpool Atari game (those look like Breakout-v5)")
     return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, episodic_life=True,
                         reward_clip=True)
 

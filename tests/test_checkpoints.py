@@ -88,6 +88,15 @@ def test_resumed_run_goes_on_from_its_checkpoint(name, workdir, capsys, monkeypa
     assert json.loads(out[-1]) == evaluation and evaluation["episodes"] == 2 and len(evaluation["returns"]) == 2
 
 
+def test_resuming_a_finished_run_names_the_whole_iterations(workdir, capsys):
+    """A PPO run resumed with a --total-timesteps that rounds down to the steps it has done: one line saying so."""
+    name = "ppo_classic_control_gpu"
+    run_main(name, [*PPO_GPU, "--total-timesteps", "128", "--save-dir", "run"], capsys)
+    argv = [*PPO_GPU, "--total-timesteps", "130", "--resume", "run"]
+    assert_one_line_error(run_bad_input(name, argv, capsys), "that run is finished (128 env steps) "
+                          "(--total-timesteps 130 is 128 in whole iterations)")  # fmt: skip
+
+
 def test_evaluation_on_an_env_the_networks_do_not_fit(workdir, capsys):
     """--eval-checkpoint with an env of other sizes than the checkpoint's (an observation of 2, not Pendulum's 3): one
     line naming both envs and the first tensor that does not fit."""

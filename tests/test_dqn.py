@@ -40,8 +40,8 @@ TINY = ["--total-timesteps", str(TINY_STEPS), "--learning-starts", str(TINY_LEAR
 N_OBS, N_ACT, CPU = 4, 3, torch.device("cpu")
 # Bad input: (argv, the flags or names the one error line must name).
 BAD_INPUT = [
-    (["--env-id", "NoSuchEnv-v0"], ["NoSuchEnv-v0"]),
-    (["--env-id", "Pendulum-v1"], ["Pendulum-v1", "discrete"]),
+    (["--env-id", "NoSuchEnv-v0"], ["--env-id 'NoSuchEnv-v0': gymnasium cannot make it"]),
+    (["--env-id", "Pendulum-v1"], ["--env-id Pendulum-v1 has a Box action space", "discrete"]),
     (["--env-id", "Blackjack-v1"], ["--env-id Blackjack-v1 has a Tuple observation space", "flat Box"]),
     (["--batch-size", "0"], ["--batch-size"]),
     (["--buffer-size", "0"], ["--buffer-size"]),

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -140,11 +141,16 @@ def test_a_finished_run_resumed_says_so(capsys):
         (["--save-every", "100"], "--save-every 100"),
         (["--track", "--no-tensorboard"], "--no-tensorboard"),
         (["--resume", "a", "--eval-checkpoint", "b"], "exclude each other"),
+        (["--eval-checkpoint", "b", "--save-dir", "c"], "--save-dir is for training: --eval-checkpoint evaluates"),
+        (["--eval-checkpoint", "b", "--speed-log", "c"], "--speed-log is for training"),
+        (["--eval-checkpoint", "b", "--profile-dir", "c"], "--profile-dir is for training"),
+        (["--speed-log", "pipe"], "--speed-log pipe is a pipe: it names a file"),  # opening it would wait for a reader
         (["--total-timesteps", "1001"], "--total-timesteps 1001"),  # the script's own check_args
     ],
 )
 def test_bad_flags(argv, flag, capsys):
     """Every numeric flag is range-checked by name, before anything runs: one line naming the flag, exit 2."""
+    os.mkfifo("pipe")
     assert_one_line_error(run_bad_input(NAME, argv, capsys), flag)
     assert not Path("runs").exists()
 
@@ -161,6 +167,8 @@ def saved(capsys):
     [
         (["--resume", "missing.pt"], "missing.pt: no such checkpoint file"),
         (["--eval-checkpoint", "empty"], "empty/least_squares.pt: no such checkpoint file"),
+        (["--resume", "another"], "another/least_squares.pt: no such checkpoint file (the folder holds dqn.pt: "
+         "another script's)"),
         (["--resume", "truncated.pt"], "truncated.pt: not a readable checkpoint, truncated or corrupt"),
         (["--eval-checkpoint", "text.pt"], "text.pt: not a readable checkpoint"),
         (["--resume", "plain.pt"], "plain.pt: not a checkpoint of this version"),
@@ -189,6 +197,8 @@ def test_bad_checkpoints_and_folders(saved, argv, fragment, capsys):
     torch.save({**saved_toy, "args": {**saved_toy["args"], "env_id": "Other"},
                 "state": {**saved_toy["state"], "model": other_model}}, "other_env.pt")  # fmt: skip
     Path("empty").mkdir()
+    Path("another").mkdir()
+    torch.save({**saved_toy, "script": "dqn"}, "another/dqn.pt")
     assert_one_line_error(run_bad_input(NAME, argv, capsys), fragment)
     assert digest("run/least_squares.pt") == saved
 
@@ -295,6 +305,22 @@ def test_profile_window(capsys):
     trace = json.loads(Path("profile/least_squares.trace.json").read_text())
     names = {event.get("name") for event in trace["traceEvents"]}
     assert {"env_step", "update"} <= names and int(trace["env_steps_per_call"]) == 4
+
+
+def test_a_run_ended_in_its_warm_up_says_there_is_no_trace_and_keeps_its_compile_cache(capsys, monkeypatch):
+    """--profile-dir profiles the steady window: a run that ends before it says it wrote no trace. The compile cache,
+    saved as the window opens, is saved at the end instead."""
+    saved_at, start = [], harness.Run.start
+
+    def start_with_a_cache(self, *args, **kwargs):
+        self.compile_cache = SimpleNamespace(save=lambda: saved_at.append(self.steps))
+        return start(self, *args, **kwargs)
+
+    monkeypatch.setattr(harness.Run, "start", start_with_a_cache)
+    argv = ["--profile-dir", "profile", "--total-timesteps", "16", "--no-tensorboard"]  # the window opens at 32
+    record, err = run_main_stderr(NAME, argv, capsys)
+    assert not record["steady"] and "--profile-dir profile: no trace: it profiles the steady window" in err
+    assert not list(Path("profile").iterdir()) and saved_at == [16]
 
 
 def test_evaluation(saved, capsys):

@@ -17,9 +17,11 @@ def checkpoint_file(path, script):
 
 def read_checkpoint(option, path, script):
     """The checkpoint of `script` at path (a file or a --save-dir), or a one-line error that says what is wrong."""
-    path = checkpoint_file(path, script)
+    folder, path = path, checkpoint_file(path, script)
     if not os.path.isfile(path):
-        fail(f"{option} {path}: no such checkpoint file")
+        others = sorted(n for n in os.listdir(folder) if n.endswith(".pt")) if os.path.isdir(folder) else []
+        held = f" (the folder holds {', '.join(others)}: another script's)" if others else ""
+        fail(f"{option} {path}: no such checkpoint file{held}")
     try:  # tensors and plain values only: loading runs no code
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:

@@ -3,6 +3,7 @@
 import difflib
 import math
 import os
+import stat
 import sys
 import tempfile
 import time
@@ -86,6 +87,9 @@ def parse_args(Args, script_file, argv=None):
             fail(f"{flag(name)} '': an empty name (leave the flag out for its default)")
     if args.resume and args.eval_checkpoint:
         fail("--resume and --eval-checkpoint exclude each other")
+    for name in ("save_dir", "save_every", "speed_log", "profile_dir"):
+        if args.eval_checkpoint and getattr(args, name):  # the user's own flags: a checkpoint's are not read yet
+            fail(f"{flag(name)} is for training: --eval-checkpoint evaluates, saves nothing and keeps no speed record")
     if restarts() and args.save_dir and not args.resume and os.path.isfile(checkpoint_file(args.save_dir, script)):
         # torchrun --max-restarts started the ranks again after one died: the run goes on from its last checkpoint
         print(f"torchrun restart {restarts()}: resuming from {args.save_dir}", file=sys.stderr)
@@ -170,6 +174,8 @@ def check_outputs(args, script):
                "runs": args.tensorboard and "runs", "videos": getattr(args, "capture_video", False) and "videos"}
     if args.speed_log and os.path.isdir(args.speed_log):
         fail(f"--speed-log {args.speed_log} is a folder: it names a file, which the record is appended to")
+    if args.speed_log and os.path.exists(args.speed_log) and stat.S_ISFIFO(os.stat(args.speed_log).st_mode):
+        fail(f"--speed-log {args.speed_log} is a pipe: it names a file, which the record is appended to")
     for option, folder in folders.items():
         if folder and option in ("--save-dir", "--profile-dir", "--compile-cache") and os.path.isfile(folder):
             fail(f"{option} {folder} is a file: it names a folder")

@@ -104,7 +104,9 @@ class Run:
             first_step, returns, curve = (self.checkpoint[key] for key in ("global_step", "returns", "curve"))
             seconds = self.checkpoint.get("seconds", 0.0)  # the runs before this one trained so long
             if first_step >= total_steps:
-                fail(f"--resume {self.args.resume}: that run is finished ({first_step} env steps); "
+                rounded = "" if total_steps == self.args.total_timesteps else \
+                    f" (--total-timesteps {self.args.total_timesteps} is {total_steps} in whole iterations)"
+                fail(f"--resume {self.args.resume}: that run is finished ({first_step} env steps){rounded}; "
                      "pass a larger --total-timesteps")  # fmt: skip
             if self.rank == 0:
                 print(f"resuming at env step {first_step}, episodes restarted; saving to {self.args.save_dir}",
@@ -321,6 +323,8 @@ class Run:
             self.ranks.check(self.replicated, self.steps, rank_fps)
         if self.profiler is not None:
             self.save_profile()
+        if self.window is not None and self.window.t_open is None:
+            self.ended_in_warmup()
         if self.progress is not None:
             self.progress.close(self.steps, t_end)
             self.scalars.close()
@@ -339,6 +343,14 @@ class Run:
             sys.stderr.flush()
             os._exit(exit_code(record))
         return record
+
+    def ended_in_warmup(self):
+        """What waits for the steady window when the run ends before it: no profile; the compile cache saved now."""
+        if self.args.profile_dir and self.rank == 0:
+            print(f"--profile-dir {self.args.profile_dir}: no trace: it profiles the steady window, which this run "
+                  "never reached (a larger --total-timesteps reaches it)", file=sys.stderr)  # fmt: skip
+        if self.compile_cache and not self.abrupt:
+            self.compile_cache.save()
 
     def record(self, window, t_end):
         """The speed record (docs/contract.md): the fps of the steady window, the warm-up apart."""
