@@ -29,6 +29,23 @@ def test_count(capsys):
     assert parse("4096") == 4096 and parse("2^12") == 4096 and parse("1") == 1
     assert_one_line_error(refused(capsys, parse, "0"), "--envs 0 must be positive")
     assert_one_line_error(refused(capsys, parse, "2^x"), "--envs '2^x' is not a whole number")
+    assert_one_line_error(refused(capsys, parse, "2^-1"), "--envs 2^-1 must be positive (a power: not negative)")
+    assert_one_line_error(refused(capsys, parse, "2^100000"), "--envs 2^100000 is over 2^40")
+    assert parse("2^0") == 1 and parse("2^40") == 2**40
+
+
+def test_output_paths_are_checked_before_measuring(tmp_path, capsys):
+    """A folder or file a tool writes at its end: an empty name, a file where a folder goes, a folder where a file
+    goes, are refused at the start, not after the measuring."""
+    (tmp_path / "a_file").write_text("")
+    assert_one_line_error(refused(capsys, benchkit.writable_folder, "--out", ""), "--out '': an empty name")
+    assert_one_line_error(refused(capsys, benchkit.writable_folder, "--out", tmp_path / "a_file"),
+                          "is a file: it names a folder")  # fmt: skip
+    assert_one_line_error(refused(capsys, benchkit.writable_file, "--out", tmp_path), "is a folder: it names a file")
+    assert_one_line_error(refused(capsys, benchkit.writable_file, "--out", tmp_path / "a_file" / "t.md"),
+                          "is a file: it names a folder")  # fmt: skip
+    benchkit.writable_file("--out", tmp_path / "new" / "t.md")
+    assert (tmp_path / "new").is_dir()
 
 
 def test_parser_errors_are_one_line(capsys):

@@ -407,6 +407,7 @@ def test_bad_output(tmp_path, capsys, monkeypatch):
     script = tmp_path / "script.py"
     assert_one_line_error(bundle_main([tmp_path / "nothing.py", "-o", tmp_path / "o.py"], capsys), "no such script")
     assert_one_line_error(bundle_main([script, "-o", tmp_path / "mine.py"], capsys), "mine.py exists", "--force")
+    assert_one_line_error(bundle_main([script, "-o", ""], capsys), "-o '': an empty name")
     assert (tmp_path / "mine.py").read_text() == "the user's\n"
     assert_one_line_error(bundle_main([script, "-o", script, "--force"], capsys), "one of the files bundled")
     assert script.read_text() == "print(1)\n"

@@ -120,12 +120,19 @@ def test_unavailable():
         (["--env-id", "HumanoidStandup-v5"], "--env-id 'HumanoidStandup-v5' is not one of the MuJoCo Warp envs"),
         (["--figure", "bench.svg"], "--figure bench.svg is not a .png file"),
         (["--min-seconds", "-1"], "--min-seconds -1.0 must be 0 or more"),
+        (["--min-seconds", "inf"], "--min-seconds inf must be 0 or more, and finite"),
         (["--device", "mps"], "--device mps is neither cpu nor cuda"),
         (["--from-records", "missing.jsonl"], "--from-records missing.jsonl: No such file"),
     ],
 )
 def test_bad_input(argv, fragment, tmp_path):
     assert_one_line_error(run_cli(TOOL, *argv, "--out", tmp_path), fragment)
+
+
+def test_a_figure_that_names_a_folder_is_refused_before_measuring(tmp_path):
+    (tmp_path / "figure.png").mkdir()
+    argv = ["--figure", tmp_path / "figure.png", "--out", tmp_path]
+    assert_one_line_error(run_cli(TOOL, *argv), "figure.png is a folder: it names a file")
 
 
 def test_bad_records(tmp_path):

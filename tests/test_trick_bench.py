@@ -65,6 +65,7 @@ def test_a_trick_that_changes_the_result_is_refused(monkeypatch):
         bench.main(["--device", "cpu", "--iters", "1"])
 
 
-def test_bad_input():
+def test_bad_input(tmp_path):
     assert_one_line_error(run_cli(TOOL, "--iters", "0"), "--iters")
     assert_one_line_error(run_cli(TOOL, "--device", "nope"), "--device")
+    assert_one_line_error(run_cli(TOOL, "--iters", "1", "--out", tmp_path), "is a folder: it names a file")  # at once

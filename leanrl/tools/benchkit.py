@@ -15,6 +15,7 @@ import gc
 import importlib
 import json
 import logging
+import math
 import os
 import platform
 import sys
@@ -30,6 +31,7 @@ if LEANRL not in sys.path:
 # Calls before the timing: the first compiles (jit, torch.compile) and allocates, and torch.compile makes the step
 # index symbolic at its second step, within the first call. A CUDA graph needs more: see collect_warmup_calls.
 WARMUP_CALLS = 2
+COUNT_MAX_BITS = 40  # a count (envs, steps, calls) over 2^40 is a typo, and measuring it would never end
 
 
 # --- the command line -------------------------------------------------------------------------------------------
@@ -54,12 +56,14 @@ def count(option):
     def parse(text):
         try:
             base, _, power = text.partition("^")
-            value = int(base) ** int(power) if power else int(base)
+            base, power = int(base), int(power or 1)
         except ValueError:
             fail(f"{option} {text!r} is not a whole number (like 4096 or 2^12)")
-        if value <= 0:
-            fail(f"{option} {text} must be positive")
-        return value
+        if base <= 0 or power < 0:
+            fail(f"{option} {text} must be positive (a power: not negative)")
+        if power * math.log2(max(base, 2)) > COUNT_MAX_BITS:
+            fail(f"{option} {text} is over 2^{COUNT_MAX_BITS}, more than any run can count to")
+        return base**power
 
     return parse
 
@@ -81,8 +85,8 @@ def torch_device(text):
 
 def check_measuring_options(args):
     """--min-seconds, --torch-threads and --device of a tool that measures; args.device becomes a torch.device."""
-    if not args.min_seconds >= 0:
-        fail(f"--min-seconds {args.min_seconds} must be 0 or more")
+    if not 0 <= args.min_seconds < math.inf:
+        fail(f"--min-seconds {args.min_seconds} must be 0 or more, and finite")
     if args.torch_threads < 0:
         fail(f"--torch-threads {args.torch_threads} must be 0 (torch's default) or positive")
     args.device = torch_device(args.device)
@@ -90,11 +94,24 @@ def check_measuring_options(args):
 
 def writable_folder(option, folder):
     """Make the folder an option writes to, and check that a file can be written there."""
+    if not folder:
+        fail(f"{option} '': an empty name")
+    if os.path.isfile(folder):
+        fail(f"{option} {folder} is a file: it names a folder")
     try:
         os.makedirs(folder, exist_ok=True)
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as e:
         fail(f"{option} {folder} cannot be written: {e.strerror or e}")
+
+
+def writable_file(option, path):
+    """Before any measuring: the file an option writes at the end can be written (its folder made)."""
+    if not path:
+        fail(f"{option} '': an empty name")
+    if os.path.isdir(path):
+        fail(f"{option} {path} is a folder: it names a file")
+    writable_folder(option, os.path.dirname(path) or ".")
 
 
 # --- the scripts and packages measured --------------------------------------------------------------------------

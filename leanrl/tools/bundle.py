@@ -881,6 +881,8 @@ def main(argv=None):
     )
     parser.add_argument("--force", action="store_true", help="overwrite the output file if it exists")
     args = parser.parse_args(argv)
+    if args.output == "":
+        fail("-o '': an empty name (without -o the bundle goes to stdout)")
     script, output = args.script, args.output and Path(args.output)
     collection_script = Path(__file__).resolve().parent.parent / f"{script.stem}.py"
     if not script.exists() and script.parent == Path() and script.suffix in ("", ".py") and collection_script.is_file():

@@ -68,6 +68,7 @@ from benchkit import (
     synchronizer,
     unless_out_of_memory,
     utc_date,
+    writable_file,
     writable_folder,
     write_jsonl,
     write_lines,
@@ -331,7 +332,7 @@ def parse_args(argv):
         fail(f"--figure {args.figure} is not a .png file")
     writable_folder("--out", args.out)
     if args.figure:
-        writable_folder("--figure", os.path.dirname(args.figure) or ".")
+        writable_file("--figure", args.figure)
     if not args.from_records:
         # The MuJoCo Warp envs, where they load (they need warp); else gymnasium's MuJoCo envs, for its simulators.
         envs = load(ENVS_MODULE)[0]

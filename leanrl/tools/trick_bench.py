@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from benchkit import Parser, count, markdown_table, measure, synchronizer, torch_device, write_lines
+from benchkit import Parser, count, markdown_table, measure, synchronizer, torch_device, writable_file, write_lines
 
 N_OBS, N_ACT, HIDDEN, BATCH, BUFFER, TAU = 17, 6, 256, 256, 100_000, 0.005
 
@@ -231,6 +231,8 @@ def main(argv=None):
     parser.add_argument("--out", help="also write the table to this markdown file")
     args = parser.parse_args(argv)
     device = torch_device(args.device)
+    if args.out is not None:
+        writable_file("--out", args.out)
     torch.manual_seed(0)
 
     rows = {}
