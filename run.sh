@@ -30,7 +30,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPORT="$ROOT/leanrl/tools/speed_report.py"
 PYTHON="${PYTHON:-python}"
 HEARTBEAT="${HEARTBEAT:-10}"
-SCRIPTS="" SEEDS="1" QUICK=0 GPUS=1 OUT="$ROOT/runs/$(date +%Y%m%d-%H%M%S)" OUT_GIVEN=0
+SCRIPTS="" SCRIPTS_GIVEN=0 SEEDS="1" QUICK=0 GPUS=1 OUT="$ROOT/runs/$(date +%Y%m%d-%H%M%S)" OUT_GIVEN=0
 EXTRA=()
 ARGV=("$@")
 
@@ -44,7 +44,7 @@ while [ $# -gt 0 ]; do
     --scripts | --seeds | --gpus | --out)
       [ $# -ge 2 ] || fail "$1 needs a value"
       case "$1" in
-        --scripts) SCRIPTS="$2" ;;
+        --scripts) SCRIPTS="$2" SCRIPTS_GIVEN=1 ;;
         --seeds) SEEDS="$2" ;;
         --gpus) GPUS="$2" ;;
         --out) OUT="$2" OUT_GIVEN=1 ;;
@@ -59,6 +59,17 @@ while [ $# -gt 0 ]; do
 done
 
 [[ "$SEEDS" =~ ^[0-9]+(,[0-9]+)*$ ]] || fail "--seeds must be comma-separated non-negative integers, got '$SEEDS'"
+SEEN_SEEDS=","
+for seed in ${SEEDS//,/ }; do
+  [ "${#seed}" -le 10 ] && [ "$((10#$seed))" -le 2147483647 ] || fail "--seeds: $seed is over 2147483647"
+  [[ "$SEEN_SEEDS" != *",$((10#$seed)),"* ]] || fail "--seeds: seed $((10#$seed)) is given twice"
+  SEEN_SEEDS+="$((10#$seed)),"
+done
+SEEDS="${SEEN_SEEDS:1:-1}"  # as the scripts read them: 01 is 1
+[ "$SCRIPTS_GIVEN" = 0 ] || [ -n "$SCRIPTS" ] || fail "--scripts '': no script named (leave it out for all of them)"
+for arg in "${EXTRA[@]}"; do
+  [[ "$arg" != --seed && "$arg" != --seed=* ]] || fail "--seed after --: give the seeds with --seeds, which name the runs"
+done
 [[ "$GPUS" =~ ^[0-9]+$ ]] && [ "$((10#$GPUS))" -ge 1 ] || fail "--gpus must be a positive integer, got '$GPUS'"
 GPUS=$((10#$GPUS))
 [[ "$HEARTBEAT" =~ ^[0-9]*\.?[0-9]+$ && ! "$HEARTBEAT" =~ ^[0.]+$ ]] ||

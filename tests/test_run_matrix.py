@@ -472,6 +472,10 @@ def test_gpus_interrupt(repo, tmp_path):
 def test_run_sh_bad_options(repo, tmp_path):
     assert_one_line_error(run_sh(repo, "--scripts", "no_such_script"), "leanrl/no_such_script.py")
     assert_one_line_error(run_sh(repo, "--seeds", "1,x"), "--seeds")
+    assert_one_line_error(run_sh(repo, "--seeds", "1,01"), "--seeds: seed 1 is given twice")  # one run, twice
+    assert_one_line_error(run_sh(repo, "--seeds", "99999999999"), "--seeds: 99999999999 is over 2147483647")
+    assert_one_line_error(run_sh(repo, "--scripts", ""), "--scripts '': no script named")  # not the whole matrix
+    assert_one_line_error(run_sh(repo, "--scripts", "fake_torchcompile", "--", "--seed", "5"), "--seed after --")
     assert_one_line_error(run_sh(repo, "--frobnicate"), "--frobnicate")
     assert_one_line_error(run_sh(repo, "--out"), "--out")
     for gpus in ("0", "x", "-1", "1.5", ""):
