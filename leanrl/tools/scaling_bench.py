@@ -27,6 +27,7 @@ machines or calls), running nothing.
 
 import argparse
 import json
+import math
 import os
 import signal
 import subprocess
@@ -60,8 +61,16 @@ def parse_args():
         fail(f"--gpus {' '.join(map(str, args.gpus))}: every count must be 1 or more")
     if not args.seconds > 0:
         fail(f"--seconds {args.seconds} must be positive")
+    if args.target is not None and not math.isfinite(args.target):
+        fail(f"--target {args.target} must be a finite return")
     if not os.path.isfile(args.command[0]):
         fail(f"{args.command[0]}: no such training script")
+    if not args.command[0].endswith(".py"):
+        fail(f"{args.command[0]}: a training script is a .py file")
+    with open(args.command[0], errors="replace") as f:
+        one_process = "setup_distributed" not in f.read()  # a script for torchrun sets its ranks up
+    if one_process and max(args.gpus) > 1:
+        fail(f"{args.command[0]} runs in one process, not under torchrun: --gpus 1 only")
     writable_folder("--out", os.path.join(args.out, "logs"))
     return args
 
