@@ -245,10 +245,9 @@ def make_update_fns(agent, args):
 
 
 def make_collect(agent, policy, envs, rollout, args):  # trick 15: the rollout captured, one env step's graph
-    """collect(): one rollout of num_steps steps of all envs into `rollout`, from the observation and done flags the
-    last one ended in (its last rows). With --cudagraphs an env step is one CUDA graph: policy, Warp's physics, rewards,
-    resets, normalisation and storage, replayed num_steps times. The row it writes is a device index, so one capture
-    serves every step: capturing MuJoCo Warp's solver loops is CPU work, about half a second per step on Humanoid."""
+    """collect(): one rollout of num_steps steps of all envs into `rollout`, from its last rows (where the last one
+    ended). With --cudagraphs an env step (policy, Warp's physics, resets, storage) is one CUDA graph replayed num_steps
+    times, its row a device index: capturing Warp's solver loops costs about 0.5 s of CPU per step on Humanoid."""
     t = torch.zeros(1, dtype=torch.long, device=rollout.obs.device)
 
     def step():

@@ -103,8 +103,8 @@ def test_evaluation_on_an_env_the_networks_do_not_fit(workdir, capsys):
     name = "sac_continuous_action"
     run_main(name, [*OFF_POLICY, "--total-timesteps", "210", "--no-tensorboard", "--save-dir", "run"], capsys)
     argv = ["--eval-checkpoint", "run", "--env-id", "MountainCarContinuous-v0"]
-    assert_one_line_error(run_bad_input(name, argv, capsys), "--eval-checkpoint run: the saved networks do not fit "
-                          "MountainCarContinuous-v0 (they were trained on Pendulum-v1): size mismatch")  # fmt: skip
+    assert_one_line_error(run_bad_input(name, argv, capsys), "--eval-checkpoint run: the saved networks (trained on "
+                          "Pendulum-v1) do not fit MountainCarContinuous-v0: size mismatch")  # fmt: skip
 
 
 def test_evaluation_beats_a_random_policy(workdir, capsys):

@@ -49,9 +49,8 @@ QUIET_WARNINGS = (r".*The environment \S+-v\d+ is out of date", r"Using lock_\(\
 class Run:
     def __init__(self, args, script_file, checkpoint, ranks=None):
         """ranks: under torchrun, what setup_distributed returned (None: one process)."""
-        self.program = is_program(script_file)  # not called from other code (tests, a notebook)
-        self.t_start = time.perf_counter() - (age() if self.program else 0.0)
-        self.args, self.checkpoint, self.ranks = args, checkpoint, ranks
+        self.program, self.args, self.checkpoint, self.ranks = is_program(script_file), args, checkpoint, ranks
+        self.t_start = time.perf_counter() - (age() if self.program else 0.0)  # called from other code: from here
         self.script = os.path.basename(script_file).removesuffix(".py")
         if ranks is None and int(os.environ.get("WORLD_SIZE", 1)) > 1:
             fail(f"{self.script} runs in one process: start it with python, not torchrun")
@@ -231,8 +230,7 @@ class Run:
                 self.diverged = f"the run diverged: {key} became {value} at env step {step}"
 
     def save(self, step):
-        """The checkpoint, atomically; the seconds it takes are left out of the fps. Never of a state gone NaN (a loss
-        the loop has not logged yet): the run is diverged, and stops as the next unit begins."""
+        """The checkpoint, atomically, its seconds left out of the fps; none of a state gone NaN: the run diverged."""
         if not all_finite(self.state):
             self.diverged = f"the run diverged: NaN in the trained tensors at env step {step}"
             return
@@ -264,10 +262,9 @@ class Run:
                  "less")  # fmt: skip
         except ValueError as e:
             finite = self.state is None or all_finite(self.state)
-            if finite and not (self.state is not None and checked_by_a_distribution(e)):
+            if finite and (self.state is None or not checked_by_a_distribution(e)):
                 raise
-            # finite weights can still give a distribution out of range: exp(log_std) 0 or inf
-            what = "the policy's distribution out of range" if finite else "NaN in the policy"
+            what = "the policy's distribution out of range" if finite else "NaN in the policy"  # exp(log_std): 0, inf
             self.diverged = f"the run diverged: {what} at env step {self.steps}"
 
     def evaluation(self, returns):
@@ -283,14 +280,11 @@ class Run:
         except KeyboardInterrupt:
             self.interrupted = True
             print(f"interrupted after {len(done)} episodes", file=sys.stderr, flush=True)
-        except RuntimeError as e:  # torch's load_state_dict: the saved networks are of another size than this env's
+        except RuntimeError as e:  # load_state_dict: the saved networks are of other sizes than this env's
             if not str(e).startswith("Error(s) in loading state_dict"):
                 raise
-            trained_on = self.checkpoint["args"]["env_id"]
-            where = "" if trained_on == args.env_id else f" (they were trained on {trained_on})"
-            lines = [line.strip() for line in str(e).splitlines() if line.strip()]  # the first names the module only
-            fail(f"--eval-checkpoint {args.eval_checkpoint}: the saved networks do not fit {args.env_id}{where}: "
-                 f"{lines[min(1, len(lines) - 1)]}")  # fmt: skip
+            fail(f"--eval-checkpoint {args.eval_checkpoint}: the saved networks (trained on "
+                 f"{self.checkpoint['args']['env_id']}) do not fit {args.env_id}: {str(e).splitlines()[1].strip()}")
         self.stops.ignore()
         record = {"script": self.script, "env_id": args.env_id, "episodes": len(done),
                   "checkpoint": checkpoint_file(args.eval_checkpoint, self.script),
@@ -323,8 +317,12 @@ class Run:
             self.ranks.check(self.replicated, self.steps, rank_fps)
         if self.profiler is not None:
             self.save_profile()
-        if self.window is not None and self.window.t_open is None:
-            self.ended_in_warmup()
+        if self.window is not None and self.window.t_open is None:  # ended in its warm-up: no profile; the cache now
+            if self.args.profile_dir and self.rank == 0:
+                print(f"--profile-dir {self.args.profile_dir}: no trace: it profiles the steady window, which this "
+                      "run never reached (a larger --total-timesteps reaches it)", file=sys.stderr)  # fmt: skip
+            if self.compile_cache and not self.abrupt:
+                self.compile_cache.save()
         if self.progress is not None:
             self.progress.close(self.steps, t_end)
             self.scalars.close()
@@ -343,14 +341,6 @@ class Run:
             sys.stderr.flush()
             os._exit(exit_code(record))
         return record
-
-    def ended_in_warmup(self):
-        """What waits for the steady window when the run ends before it: no profile; the compile cache saved now."""
-        if self.args.profile_dir and self.rank == 0:
-            print(f"--profile-dir {self.args.profile_dir}: no trace: it profiles the steady window, which this run "
-                  "never reached (a larger --total-timesteps reaches it)", file=sys.stderr)  # fmt: skip
-        if self.compile_cache and not self.abrupt:
-            self.compile_cache.save()
 
     def record(self, window, t_end):
         """The speed record (docs/contract.md): the fps of the steady window, the warm-up apart."""
