@@ -169,6 +169,7 @@ def saved(capsys):
         (["--eval-checkpoint", "empty"], "empty/least_squares.pt: no such checkpoint file"),
         (["--resume", "another"], "another/least_squares.pt: no such checkpoint file (the folder holds dqn.pt: "
          "another script's)"),
+        (["--resume", "/dev/null"], "--resume /dev/null: not a checkpoint file (a pipe, a device?)"),
         (["--resume", "truncated.pt"], "truncated.pt: not a readable checkpoint, truncated or corrupt"),
         (["--eval-checkpoint", "text.pt"], "text.pt: not a readable checkpoint"),
         (["--resume", "plain.pt"], "plain.pt: not a checkpoint of this version"),

@@ -236,6 +236,7 @@ def test_done_and_append(tmp_path):
 def test_report_bad_input(tmp_path):
     assert_one_line_error(run_cli(REPORT, tmp_path), "no records.jsonl")
     assert_one_line_error(run_cli(REPORT, tmp_path / "nowhere"), "nowhere", "not a directory")
+    assert_one_line_error(run_cli(REPORT, "done", tmp_path / "nowhere"), "nowhere", "not a directory")  # not silence
     (tmp_path / "records.jsonl").write_text(json.dumps(ok("a", "baseline", 1, 1.0)) + "\n{not json\n")
     assert_one_line_error(run_cli(REPORT, tmp_path), "records.jsonl:2")
     assert_one_line_error(run_cli(REPORT, "done", tmp_path), "records.jsonl:2")

@@ -18,6 +18,8 @@ def checkpoint_file(path, script):
 def read_checkpoint(option, path, script):
     """The checkpoint of `script` at path (a file or a --save-dir), or a one-line error that says what is wrong."""
     folder, path = path, checkpoint_file(path, script)
+    if os.path.exists(path) and not os.path.isfile(path):
+        fail(f"{option} {path}: not a checkpoint file (a pipe, a device?)")
     if not os.path.isfile(path):
         others = sorted(n for n in os.listdir(folder) if n.endswith(".pt")) if os.path.isdir(folder) else []
         held = f" (the folder holds {', '.join(others)}: another script's)" if others else ""

@@ -424,14 +424,14 @@ def main(argv=None):
     # Ctrl-C while Python imports ends a script with a traceback and exit code 1, not 130.
     p.add_argument("--stopped", action="store_true", help="Ctrl-C reached the run: a non-zero exit is an interruption")
     args = parser.parse_args(argv)
+    if args.command != "render" and not os.path.isdir(args.dir):
+        fail(f"{args.dir} is not a directory")
     try:
         if args.command == "render":
             print(render(args.dir))
         elif args.command == "done":
             print_done(args.dir)
         else:
-            if not os.path.isdir(args.dir):
-                fail(f"{args.dir} is not a directory")
             return append(args.dir, args.side, args.script, args.mode, args.seed, args.log, args.exit_code,
                           args.stopped)
     except RecordError as e:
