@@ -27,8 +27,8 @@ def test_episode_returns_are_whole_games_of_unclipped_reward():
 
 @pytest.mark.parametrize(
     "env_id, message",
-    [("Breakout-v9", "--env-id 'Breakout-v9': not an envpool environment"),
-     ("CartPole-v1", "--env-id CartPole-v1: not an envpool Atari game")],
+    [("Breakout-v9", "--env-id 'Breakout-v9': not an envpool environment (its Atari ids look like Breakout-v5)"),
+     ("CartPole-v1", "--env-id CartPole-v1: not an envpool Atari game (those look like Breakout-v5)")],
 )  # fmt: skip
 def test_refused_env_ids(env_id, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
