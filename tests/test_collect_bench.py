@@ -329,3 +329,10 @@ def test_bad_input(argv, fragment, capsys, tmp_path):
 def test_bad_input_cli(tmp_path, capsys):
     assert_one_line_error(run_cli(TOOL, "--steps", "0", "--out", tmp_path), "--steps 0 must be positive")
     assert_one_line_error(run_bad_input(TOOL, ["--envs", "4"], capsys), "--out")
+
+
+def test_help_gives_defaults_but_not_a_switchs():
+    """--help: each option's default, but no "(default: True)" after --no-kernels, which turns the count off."""
+    help_text = run_cli(TOOL, "--help").stdout
+    assert "(default: " in help_text
+    assert "--no-kernels          skip the profiled call that counts kernels per step\n" in help_text

@@ -114,7 +114,10 @@ JAX_IN_FLIGHT = 2
 
 
 class Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """--help shows this module's docstring as written, and each option's default."""
+    """--help shows this module's docstring as written, and each option's default (a switch's says nothing)."""
+
+    def _get_help_string(self, action):
+        return action.help if action.nargs == 0 else super()._get_help_string(action)
 
 
 def heavier_cartpole(copies, substeps):
