@@ -137,6 +137,7 @@ def test_a_finished_run_resumed_says_so(capsys):
         (["--total-timesteps", "0"], "--total-timesteps 0"),
         (["--num-envs", "0"], "--num-envs 0"),
         (["--torch-threads", "-1"], "--torch-threads -1"),
+        (["--torch-threads", str(os.cpu_count() + 1)], f"this machine has {os.cpu_count()} cores"),
         (["--eval-episodes", "0"], "--eval-episodes 0"),
         (["--save-every", "100"], "--save-every 100"),
         (["--track", "--no-tensorboard"], "--no-tensorboard"),

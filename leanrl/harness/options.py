@@ -122,6 +122,8 @@ def parse_args(Args, script_file, argv=None):
                 fail(f"{flag(name)} {value} must be {'positive' if name in POSITIVE else '0 or more'}")
     if args.seed > SEED_MAX:
         fail(f"--seed {args.seed} must be at most {SEED_MAX} (the envs and generators seed from it, plus an offset)")
+    if args.torch_threads > (os.cpu_count() or 1):  # more threads than cores: every op waits for them
+        fail(f"--torch-threads {args.torch_threads}: this machine has {os.cpu_count()} cores (0: torch's default)")
     if args.save_every and not args.save_dir:
         fail(f"--save-every {args.save_every} needs --save-dir")
     if args.track and not args.tensorboard:
