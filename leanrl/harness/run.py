@@ -149,7 +149,7 @@ class Run:
             asked = self.stops.pending or (signal.SIGTERM if self.diverged else 0)
             self.stops.agreed(self.ranks.agree_to_stop(asked, self.device))
         stop = self.stops.signal or self.diverged
-        if self.args.save_dir and (stop or self.next_save and step >= self.next_save) and self.diverged is None:
+        if self.args.save_dir and (stop or self.next_save and step >= self.next_save) and not self.gone_nan(step):
             self.save(step)  # a diverged run keeps its last good checkpoint
         if stop:
             self.interrupted = self.diverged is None
@@ -229,11 +229,15 @@ class Run:
             if key.startswith("losses/") and not math.isfinite(value) and self.diverged is None:
                 self.diverged = f"the run diverged: {key} became {value} at env step {step}"
 
-    def save(self, step):
-        """The checkpoint, atomically, its seconds left out of the fps; none of a state gone NaN: the run diverged."""
-        if not all_finite(self.state):
+    def gone_nan(self, step):
+        """Whether the run diverged: a loss logged NaN, or trained tensors gone NaN that no logged loss showed (CleanRL's
+        scripts log every 100 steps), which no checkpoint must hold."""
+        if self.diverged is None and not all_finite(self.state):
             self.diverged = f"the run diverged: NaN in the trained tensors at env step {step}"
-            return
+        return self.diverged is not None
+
+    def save(self, step):
+        """The checkpoint, atomically; the seconds it takes are left out of the fps."""
         t_save, args = time.perf_counter(), self.args
         checkpoint = {"format": CHECKPOINT_FORMAT, "script": self.script, "args": asdict(args), "global_step": step,
                       "returns": list(self.progress.returns), "curve": self.progress.curve, "rng": rng_states(),
@@ -301,9 +305,7 @@ class Run:
         self.finished.set()
         if self.window is not None:
             self.warmup_lines.join()  # no thread left at the interpreter's exit
-        completed = self.window is not None and not (self.interrupted or self.diverged)
-        if completed and not all_finite(self.state):  # a loss gone NaN that the loop never logged
-            self.diverged, completed = f"the run diverged: NaN in the trained tensors at env step {self.steps}", False
+        completed = self.window is not None and not self.interrupted and not self.gone_nan(self.steps)
         if self.ranks and self.window is not None and not self.abrupt and self.stops.signal is None:
             # every rank ran the loop to its end: a loss gone NaN in the last step, which only rank 0 logs, is agreed
             completed = not self.ranks.agree_to_stop(signal.SIGTERM if self.diverged else 0, self.device)
