@@ -104,11 +104,11 @@ fi
 # Short horizons per algorithm: off-policy scripts learn from step 500 and measure the 1800 steps (SAC, TD3) or
 # 12500 (DQN, a tenth of them updates) after their WARMUP_STEPS; PPO runs 10 (continuous, 2048 steps) or 20
 # (Atari, 8 envs x 128 steps) iterations; PQN 20 (Atari, 8 envs x 128 steps) or 40 (classic control, 4 envs x 128
-# steps); PPO on MuJoCo Warp 10 (16384 envs x 32 steps); TD3 and SAC on MuJoCo Warp 990 vector steps of 1024 envs
+# steps); PPO on MuJoCo Warp 10 (16384 envs x 32 steps); TD3 and SAC on MuJoCo Warp 490 vector steps of 1024 envs
 # after their learning starts.
 quick_args() {
   case "$1" in
-    td3_gpu_mujoco* | sac_gpu_mujoco*) echo "--total-timesteps 1024000 --learning-starts 10240" ;;
+    td3_gpu_mujoco* | sac_gpu_mujoco*) echo "--total-timesteps 512000 --learning-starts 10240" ;;
     sac_* | td3_*) echo "--total-timesteps 2500 --learning-starts 500" ;;
     dqn | dqn_*) echo "--total-timesteps 15000 --learning-starts 500" ;;
     ppo_continuous_action_gpu_mujoco*) echo "--total-timesteps 5242880" ;;
