@@ -17,7 +17,7 @@ from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
 import pytest
-from helpers import MODULES, SCRIPTS, assert_one_line_error, load_script
+from helpers import MODULES, ROOT, SCRIPTS, assert_one_line_error, load_script
 
 TOOL = load_script("tools/bundle")
 NAMES = sorted(path.stem for path in SCRIPTS.glob("*.py") if path.stem not in MODULES)
@@ -392,14 +392,25 @@ def test_help_says_that_the_output_names_the_script(capsys):
         ({"a.py": "X = 1\n", "script.py": "from a import Y\n"}, ["script.py:1", "a has no name Y"]),
         ({"a.py": "print(__file__)\n", "script.py": "import a\n"}, ["a.py:1", "__file__"]),
         ({"script.py": "def broken(:\n"}, ["script.py:1"]),
+        ({"script.py": '"""Doc."""\nimport math\n\nX = 1\n\ntry:\n    import numpy\nexcept ImportError:\n    numpy = None\n'},
+         ["script.py defines names and runs nothing", "not a training script"]),
     ],
-    ids=["def", "import", "builtin", "circular", "missing-name", "module-file", "syntax"],
+    ids=["def", "import", "builtin", "circular", "missing-name", "module-file", "syntax", "module"],
 )
 def test_refused_bundles(tmp_path, capsys, files, fragments):
     write(tmp_path, files)
     proc = bundle_main([tmp_path / "script.py", "-o", tmp_path / "out.py"], capsys)
     assert_one_line_error(proc, *fragments)
     assert not (tmp_path / "out.py").exists()
+
+
+def test_the_collections_modules_are_refused(tmp_path, capsys):
+    """A module the scripts import, in a package or beside them, is not a training script: no file written."""
+    for module, fragment in (("harness/run.py", "a module of the package harness"),
+                             ("mujoco_warp_envs.py", "defines names and runs nothing")):  # fmt: skip
+        proc = bundle_main([ROOT / "leanrl" / module, "-o", tmp_path / "out.py"], capsys)
+        assert_one_line_error(proc, fragment, "not a training script")
+        assert not (tmp_path / "out.py").exists()
 
 
 def test_bad_output(tmp_path, capsys, monkeypatch):

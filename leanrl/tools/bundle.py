@@ -620,6 +620,9 @@ class Bundler:
         self.sort()
         self.bindings()
         self.check()
+        if not any(runs_something(node) for node in self.script.tree.body):  # mujoco_warp_envs.py: a module
+            raise BundleError(f"{self.shown(self.script.path)} defines names and runs nothing (no `if __name__ == "
+                              "\"__main__\":` block): not a training script; bundle a script that imports it")
         self.layout()
         self.namespaced = False
         name, script = output.name if output else "<bundle>.py", self.shown(self.script.path)
@@ -745,6 +748,17 @@ def names_of_target(target):
 
 def is_docstring(node):
     return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+
+
+def runs_something(node):
+    """Whether a top-level statement does more than define names: a call, a loop, a main block."""
+    if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign,
+                         ast.AnnAssign, ast.Pass)) or is_docstring(node):  # fmt: skip
+        return False
+    if isinstance(node, (ast.If, ast.Try)) and not is_main_block(node):  # a definition made on a condition
+        parts = [*node.body, *node.orelse, *getattr(node, "finalbody", [])]
+        return any(runs_something(n) for n in parts + [n for h in getattr(node, "handlers", []) for n in h.body])
+    return True
 
 
 def is_main_block(node):
