@@ -243,6 +243,8 @@ def check_args(args):
              f"{args.num_envs}")
     if args.learning_starts >= args.total_timesteps:
         fail(f"--learning-starts {args.learning_starts} must be below --total-timesteps {args.total_timesteps}")
+    if args.autotune and args.alpha != Args.alpha:  # CleanRL's --alpha is the coefficient of --no-autotune alone
+        fail(f"--alpha {args.alpha} is the fixed coefficient of --no-autotune: with --autotune alpha is learned")
 
 
 def train(args, run):

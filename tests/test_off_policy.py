@@ -39,7 +39,8 @@ SAC = op.Algo(
         ("alpha", torch.tensor([agent_b.alpha], device=agent_f.alpha.device), agent_f.alpha),
     ],
     constant=lambda args: set() if args.autotune else {"log_alpha", "alpha"},
-    bad_input=[(["--policy-lr", "-0.1"], ["--policy-lr -0.1"]), (["--q-lr", "0"], ["--q-lr 0"])],
+    bad_input=[(["--policy-lr", "-0.1"], ["--policy-lr -0.1"]), (["--q-lr", "0"], ["--q-lr 0"]),
+               (["--alpha", "0.1"], ["--alpha 0.1", "--no-autotune"])],  # else unused: alpha is learned
     extra_scalars=("alpha",),
     cpu_tol=1e-4,
 )
