@@ -46,7 +46,7 @@ def no_wandb_login(workdir, monkeypatch):
 
 def test_track_without_credentials_fails_at_start(no_wandb_login, capsys):
     proc = run_bad_input(NAME, TINY + ["--track"], capsys)
-    assert_one_line_error(proc, "--track", "wandb")
+    assert_one_line_error(proc, "--track", "wandb", "WANDB_MODE=offline")
 
 
 def test_ctrl_c_in_a_terminal_run(workdir):

@@ -30,7 +30,8 @@ class ScalarLog:
                 self.wandb = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, name=run_name,
                                         config=vars(args), sync_tensorboard=True, settings=wandb.Settings(silent=True))
             except Exception as e:  # no `wandb login`, WANDB_API_KEY or WANDB_MODE=offline; no network
-                fail(f"--track: wandb did not start: {str(e).splitlines()[0]}")
+                fail(f"--track: wandb did not start: {str(e).splitlines()[0]} (WANDB_MODE=offline logs without an "
+                     "account or network)")
         if args.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
