@@ -93,8 +93,8 @@ def test_resuming_a_finished_run_names_the_whole_iterations(workdir, capsys):
     name = "ppo_classic_control_gpu"
     run_main(name, [*PPO_GPU, "--total-timesteps", "128", "--save-dir", "run"], capsys)
     argv = [*PPO_GPU, "--total-timesteps", "130", "--resume", "run"]
-    assert_one_line_error(run_bad_input(name, argv, capsys), "that run is finished (128 env steps) "
-                          "(--total-timesteps 130 is 128 in whole iterations)")  # fmt: skip
+    assert_one_line_error(run_bad_input(name, argv, capsys), "the checkpoint is at env step 128, at the end that "
+                          "--total-timesteps 130 sets (128 in whole iterations)")  # fmt: skip
 
 
 def test_evaluation_on_an_env_the_networks_do_not_fit(workdir, capsys):

@@ -111,7 +111,8 @@ def test_a_finished_run_resumed_says_so(capsys):
     run_main(NAME, ["--total-timesteps", "400", "--save-dir", "run", "--no-tensorboard"], capsys)
     before = digest("run/least_squares.pt")
     proc = run_bad_input(NAME, ["--resume", "run", "--no-tensorboard"], capsys)
-    assert_one_line_error(proc, "--resume run", "finished", "400", "--total-timesteps")
+    assert_one_line_error(proc, "--resume run: the checkpoint is at env step 400, at the end that --total-timesteps "
+                          "400 sets")  # fmt: skip
     assert digest("run/least_squares.pt") == before
 
 
@@ -147,13 +148,36 @@ def test_a_finished_run_resumed_says_so(capsys):
         (["--eval-checkpoint", "b", "--profile-dir", "c"], "--profile-dir is for training"),
         (["--speed-log", "pipe"], "--speed-log pipe is a pipe: it names a file"),  # opening it would wait for a reader
         (["--total-timesteps", "1001"], "--total-timesteps 1001"),  # the script's own check_args
+        (["--learning-rate", "1e39"], "--learning-rate 1e+39 is beyond float32's range"),
+        (["--env-id", "CartPole"], "--env-id CartPole: name its version (CartPole-v0, CartPole-v1)"),
+        (["--save-dir", "loop"], "--save-dir loop is a symbolic link to nothing"),
+        (["--save-dir", "run", "--speed-log", "run/least_squares.pt"], "is the checkpoint file of --save-dir run"),
     ],
 )
 def test_bad_flags(argv, flag, capsys):
-    """Every numeric flag is range-checked by name, before anything runs: one line naming the flag, exit 2."""
+    """Every numeric flag is range-checked by name, before anything runs: one line naming the flag, exit 2; nothing
+    written."""
     os.mkfifo("pipe")
+    os.symlink("loop", "loop")
     assert_one_line_error(run_bad_input(NAME, argv, capsys), flag)
-    assert not Path("runs").exists()
+    assert not Path("runs").exists() and not Path("run").exists()
+
+
+def test_a_learning_rate_that_overflows_the_optimizer_is_divergence(capsys):
+    """Adam's step of --learning-rate / (1 - beta1) overflows float32 at 1e38: the run ends as diverged, with its
+    record, not in a traceback."""
+    record = load_script(NAME).main(["--learning-rate", "1e38", "--no-tensorboard"])  # diverged at its first step
+    out, err = capsys.readouterr()
+    assert json.loads(out.splitlines()[-1]) == record and record["diverged"] is True and harness.exit_code(record) == 1
+    assert "error: the run diverged: the optimizer's step overflowed float32 at env step 0" in err.splitlines()
+    assert "Traceback" not in err
+
+
+def test_a_path_from_home(capsys, monkeypatch):
+    """--save-dir=~/x, which no shell expands after '=': the home folder's x, not a folder named ~."""
+    monkeypatch.setenv("HOME", os.path.abspath("home"))
+    run_main(NAME, ["--save-dir=~/x", "--total-timesteps", "40", "--no-tensorboard"], capsys)
+    assert checkpoint_of("home/x")["global_step"] == 40 and not Path("~").exists()
 
 
 @pytest.fixture

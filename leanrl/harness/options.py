@@ -21,6 +21,9 @@ POSITIVE = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "upda
 FRACTIONS = ("gamma", "gae_lambda", "tau")
 # Flags a resumed run may change without --resume-anyway: they change how it runs, not what it computes.
 FREE_ON_RESUME = ("total_timesteps", "compile", "cudagraphs", "compile_cache", "cuda", "capture_video")
+FREQUENCIES = ("policy_frequency", "target_network_frequency", "train_frequency")  # every N steps: N past the end, never
+PATHS = ("save_dir", "resume", "eval_checkpoint", "speed_log", "profile_dir", "compile_cache")
+FLOAT32_MAX = 3.4028234663852886e38  # the networks compute in float32: a flag's value beyond it overflows there
 SEED_MAX = 2**31 - 1  # numpy's and gymnasium's seeds end at 2**32 - 1: room for the ranks' and envs' offsets
 NAME_MAX = 255  # bytes of a file or folder name (runs/<run name>, videos/<run name>)
 
@@ -85,6 +88,8 @@ def parse_args(Args, script_file, argv=None):
     for name, value in asdict(args).items():
         if value == "":  # else read as no value at all: no checkpoint, a fresh run, no log
             fail(f"{flag(name)} '': an empty name (leave the flag out for its default)")
+        if name in PATHS and value and value.startswith("~"):  # --save-dir=~/x: no shell expands it
+            setattr(args, name, os.path.expanduser(value))
     if args.resume and args.eval_checkpoint:
         fail("--resume and --eval-checkpoint exclude each other")
     for name in ("save_dir", "save_every", "speed_log", "profile_dir"):
@@ -116,6 +121,8 @@ def parse_args(Args, script_file, argv=None):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if not math.isfinite(value):
                 fail(f"{flag(name)} {value} must be a finite number")
+            if abs(value) > FLOAT32_MAX and isinstance(value, float):
+                fail(f"{flag(name)} {value} is beyond float32's range (about 3.4e38), in which the networks compute")
             if name in FRACTIONS and not 0 < value <= 1:
                 fail(f"{flag(name)} {value} must be in (0, 1]")
             if not (value >= 0 and (value > 0 or name not in POSITIVE)):
@@ -124,6 +131,11 @@ def parse_args(Args, script_file, argv=None):
         fail(f"--seed {args.seed} must be at most {SEED_MAX} (the envs and generators seed from it, plus an offset)")
     if args.torch_threads > (os.cpu_count() or 1):  # more threads than cores: every op waits for them
         fail(f"--torch-threads {args.torch_threads}: this machine has {os.cpu_count()} cores (0: torch's default)")
+    given = {token.split("=")[0].replace("_", "-") for token in argv}
+    for name in FREQUENCIES:  # the user's own value: a default past a short run's end is CleanRL's behaviour
+        if flag(name) in given and getattr(args, name) > args.total_timesteps:
+            fail(f"{flag(name)} {getattr(args, name)} is past --total-timesteps {args.total_timesteps}: that update "
+                 "would never happen")  # fmt: skip
     if args.save_every and not args.save_dir:
         fail(f"--save-every {args.save_every} needs --save-dir")
     if args.track and not args.tensorboard:
@@ -174,11 +186,16 @@ def check_outputs(args, script):
     folders = {"--save-dir": args.save_dir, "--profile-dir": args.profile_dir, "--speed-log": speed_log_folder,
                "--compile-cache": getattr(args, "compile_cache", None),
                "runs": args.tensorboard and "runs", "videos": getattr(args, "capture_video", False) and "videos"}
+    if args.save_dir and args.speed_log and os.path.abspath(args.speed_log) == os.path.abspath(
+            os.path.join(args.save_dir, f"{script}.pt")):  # fmt: skip
+        fail(f"--speed-log {args.speed_log} is the checkpoint file of --save-dir {args.save_dir}: name another file")
     if args.speed_log and os.path.isdir(args.speed_log):
         fail(f"--speed-log {args.speed_log} is a folder: it names a file, which the record is appended to")
     if args.speed_log and os.path.exists(args.speed_log) and stat.S_ISFIFO(os.stat(args.speed_log).st_mode):
         fail(f"--speed-log {args.speed_log} is a pipe: it names a file, which the record is appended to")
     for option, folder in folders.items():
+        if folder and os.path.islink(folder) and not os.path.exists(folder):
+            fail(f"{option} {folder} is a symbolic link to nothing (a loop, or a target that does not exist)")
         if folder and option in ("--save-dir", "--profile-dir", "--compile-cache") and os.path.isfile(folder):
             fail(f"{option} {folder} is a file: it names a folder")
         if folder and option in ("runs", "videos") and os.path.isfile(folder):

@@ -68,6 +68,9 @@ class Run:
         torch.backends.cudnn.deterministic = args.torch_deterministic
         if args.torch_threads:  # 0: torch's own default
             torch.set_num_threads(args.torch_threads)
+        versions = sorted(k for k in gymnasium.envs.registry if k.startswith(f"{args.env_id}-v"))
+        if versions and args.env_id not in gymnasium.envs.registry:  # gymnasium would take the latest, with a warning
+            fail(f"--env-id {args.env_id}: name its version ({', '.join(versions)})")
         if not args.eval_checkpoint:
             check_outputs(args, self.script)
         self.compile_cache = None
@@ -103,10 +106,10 @@ class Run:
             first_step, returns, curve = (self.checkpoint[key] for key in ("global_step", "returns", "curve"))
             seconds = self.checkpoint.get("seconds", 0.0)  # the runs before this one trained so long
             if first_step >= total_steps:
-                rounded = "" if total_steps == self.args.total_timesteps else \
-                    f" (--total-timesteps {self.args.total_timesteps} is {total_steps} in whole iterations)"
-                fail(f"--resume {self.args.resume}: that run is finished ({first_step} env steps){rounded}; "
-                     "pass a larger --total-timesteps")  # fmt: skip
+                rounded = "" if total_steps == self.args.total_timesteps else f" ({total_steps} in whole iterations)"
+                fail(f"--resume {self.args.resume}: the checkpoint is at env step {first_step}, "
+                     f"{'past' if first_step > total_steps else 'at'} the end that --total-timesteps "
+                     f"{self.args.total_timesteps} sets{rounded}: pass a larger --total-timesteps")  # fmt: skip
             if self.rank == 0:
                 print(f"resuming at env step {first_step}, episodes restarted; saving to {self.args.save_dir}",
                       file=sys.stderr)  # fmt: skip
@@ -260,13 +263,16 @@ class Run:
             self.interrupted = self.abrupt = True
         except (MemoryError, torch.OutOfMemoryError, RuntimeError) as e:  # a buffer or batch too large for this machine
             # torch's CPU allocator raises a plain RuntimeError, which only its text tells apart
+            if type(e) is RuntimeError and raised_in(e, "optim"):  # a step too large for float32 (--learning-rate 1e38)
+                self.diverged = f"the run diverged: the optimizer's step overflowed float32 at env step {self.steps}"
+                return
             if type(e) is RuntimeError and "DefaultCPUAllocator" not in str(e):
                 raise
             fail(f"out of memory: {str(e).splitlines()[0]}; a smaller --buffer-size, --num-envs or --batch-size needs "
                  "less")  # fmt: skip
         except ValueError as e:
             finite = self.state is None or all_finite(self.state)
-            if finite and (self.state is None or not checked_by_a_distribution(e)):
+            if finite and (self.state is None or not raised_in(e, "distributions")):
                 raise
             what = "the policy's distribution out of range" if finite else "NaN in the policy"  # exp(log_std): 0, inf
             self.diverged = f"the run diverged: {what} at env step {self.steps}"
@@ -395,9 +401,9 @@ def all_finite(state):
     return all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
 
 
-def checked_by_a_distribution(error):
-    """Whether a ValueError came from a torch distribution's check of its parameters."""
-    return os.path.join("torch", "distributions", "") in traceback.extract_tb(error.__traceback__)[-1].filename
+def raised_in(error, package):
+    """Whether an error came from torch.<package> (distributions: a check of its parameters; optim: a step)."""
+    return os.path.join("torch", package, "") in traceback.extract_tb(error.__traceback__)[-1].filename
 
 
 def quiet_mujoco(env_id):
