@@ -21,8 +21,8 @@
 # of its mode; while a mode has none, its runs count at the slowest mode's mean and the time is "at least".
 # With --gpus N, the progress lines name each run's GPU ("[3/55 gpu 1]") and the time left is that sum
 # divided by N (by the runs left, when fewer), the runs in flight counted whole.
-# Ctrl-C stops the runs in flight (their records say interrupted), records them as interrupted, renders the
-# report and says how to resume. PYTHON picks the interpreter (default: python). Exit code: 0 when every run
+# Ctrl-C, or SIGTERM to run.sh (which passes it on), stops the runs in flight (their records say interrupted),
+# records them as interrupted, renders the report and says how to resume. PYTHON picks the interpreter (default: python). Exit code: 0 when every run
 # succeeded, 1 when one failed, 2 for bad options, 130 when interrupted.
 set -uo pipefail
 
@@ -71,6 +71,7 @@ for arg in "${EXTRA[@]}"; do
   [[ "$arg" != --seed && "$arg" != --seed=* ]] || fail "--seed after --: give the seeds with --seeds, which name the runs"
 done
 [[ "$GPUS" =~ ^[0-9]+$ ]] && [ "$((10#$GPUS))" -ge 1 ] || fail "--gpus must be a positive integer, got '$GPUS'"
+[ "${#GPUS}" -le 4 ] && [ "$((10#$GPUS))" -le 1024 ] || fail "--gpus $GPUS: at most 1024, a slot per GPU of this machine"
 GPUS=$((10#$GPUS))
 [[ "$HEARTBEAT" =~ ^[0-9]*\.?[0-9]+$ && ! "$HEARTBEAT" =~ ^[0.]+$ ]] ||
   fail "HEARTBEAT must be a positive number of seconds, got '$HEARTBEAT'"
@@ -85,6 +86,8 @@ IFS=, read -ra SCRIPT_LIST <<<"$SCRIPTS"
 IFS=, read -ra SEED_LIST <<<"$SEEDS"
 for s in "${SCRIPT_LIST[@]}"; do
   [ -f "$ROOT/leanrl/$s.py" ] || fail "no script leanrl/$s.py"
+  [[ "$s" != */* ]] && grep -q '^if __name__ == "__main__":' "$ROOT/leanrl/$s.py" ||
+    fail "--scripts: leanrl/$s.py is not a training script (the scripts are leanrl/*.py with an entry point)"
 done
 
 # The GPU of each slot, with --gpus N > 1 (with 1, none: the runs see CUDA_VISIBLE_DEVICES as it is): GPU k, or
@@ -272,7 +275,9 @@ start_run() {
     beat=$!
     [ "$GPUS" = 1 ] || export CUDA_VISIBLE_DEVICES="${DEVICES[k]}"
     started=$SECONDS
-    "$PYTHON" "$ROOT/leanrl/$s.py" "${args[@]}" ${EXTRA[@]+"${EXTRA[@]}"} --speed-log "$side" >"$OUT/$log" 2>&1
+    # The script's process id, for a stop signal that reaches run.sh alone (below)
+    (echo "$BASHPID" >"$OUT/logs/$name.pid" && exec "$PYTHON" "$ROOT/leanrl/$s.py" "${args[@]}" \
+      ${EXTRA[@]+"${EXTRA[@]}"} --speed-log "$side" >"$OUT/$log" 2>&1)
     code=$?
     took=$((SECONDS - started))
     kill "$beat" 2>/dev/null
@@ -298,16 +303,25 @@ finish_run() {
     2) wait; exit 2 ;; # records.jsonl cannot be written: the error line is out, the runs in flight end unrecorded
     *) failed=$((failed + 1)) ;;
   esac
-  rm -f "$side"
+  rm -f "$side" "$OUT/logs/${NAMES[i]}.pid"
   left=$((todo - ran))
   [ "$left" -gt 0 ] && [ "$INTERRUPTED" = 0 ] && eta="; $left to run, $(eta_after "$i")"
   echo "$(tag "$i" "$k") $name: ${result:-not recorded}, took $(duration "$took")$eta"
 }
 
-# Ctrl-C reaches the running scripts too, each of which ends with a record marked interrupted; then no further
-# run starts.
+# Ctrl-C or SIGTERM: no further run starts, and the scripts in flight end with a record marked interrupted. A
+# terminal's Ctrl-C reaches them itself; SIGTERM is passed on, since `kill <run.sh's pid>` reaches run.sh alone (a
+# script takes a second signal within 3 s for the same stop).
 INTERRUPTED=0
-trap 'INTERRUPTED=1' INT TERM
+pass_on_term() {
+  INTERRUPTED=1
+  local k
+  for k in "${!SLOT_RUN[@]}"; do
+    kill -s TERM "$(cat "$OUT/logs/${NAMES[SLOT_RUN[k]]}.pid" 2>/dev/null)" 2>/dev/null
+  done
+}
+trap 'INTERRUPTED=1' INT
+trap pass_on_term TERM
 
 # The runs report their end through a pipe (fd 3); unlinked once open, it leaves nothing behind.
 pipe="$(mktemp -d)" && mkfifo "$pipe/ends" && exec 3<>"$pipe/ends" && rm -r "$pipe" ||

@@ -7,9 +7,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 from helpers import ROOT, assert_one_line_error, run_cli
@@ -23,7 +25,8 @@ SHORT = ["--", "--total-timesteps", "600", "--learning-starts", "100", "--batch-
 # (run.sh's too), then ends as the scripts do: a record of the steps done, marked interrupted, and exit code 130.
 # With FAKE_PEER=<file> too, the run without flags prints the same line, creates the file and waits for the
 # Ctrl-C, which the --compile run sends once the file is there: two runs in flight get it; with FAKE_IMPORTING=1
-# it ends as a script that gets Ctrl-C while Python imports: exit code 1, no record.
+# it ends as a script that gets Ctrl-C while Python imports: exit code 1, no record. With FAKE_TERM=<file>, the run
+# without flags creates the file and waits for a SIGTERM, which ends it as Ctrl-C does.
 FAKE_RUN = """import json, os, signal, sys, time
 argv = sys.argv[1:]
 if "--cudagraphs" in argv and "--compile" not in argv:
@@ -38,12 +41,16 @@ record = {"script": "fake_torchcompile", "seed": seed, "fps": 100.0 * len(argv),
 peer = os.environ.get("FAKE_PEER")
 presses = "--compile" in argv and "--cudagraphs" not in argv
 waits = peer and "--compile" not in argv and "--cudagraphs" not in argv
-if os.environ.get("FAKE_INTERRUPT") == "1" and (presses or waits):
+term = os.environ.get("FAKE_TERM") if "--compile" not in argv and "--cudagraphs" not in argv else None
+if term:
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    open(term, "w").close()
+if os.environ.get("FAKE_INTERRUPT") == "1" and (presses or waits) or term:
     print("fake_torchcompile: 1200/10000 steps, fps 99, return -1.5, eta 0.1 min", file=sys.stderr, flush=True)
     try:
         if waits:
             open(peer, "w").close()
-        else:
+        elif presses:
             while peer and not os.path.exists(peer):
                 time.sleep(0.01)
             time.sleep(float(os.environ.get("FAKE_HOLD", "0")))
@@ -470,6 +477,24 @@ def test_gpus_interrupt(repo, tmp_path):
     assert "0 runs ok, 0 failed, 2 interrupted, 6 missing" in (out / "speed.md").read_text()
 
 
+def test_sigterm_to_run_sh_alone_reaches_the_script(repo, tmp_path):
+    """`kill <run.sh's pid>`, which no script in flight gets from the shell: run.sh passes it on, and the run ends at
+    once with its record, interrupted; no further run starts."""
+    out, started = tmp_path / "out", tmp_path / "started"
+    env = {**os.environ, "PYTHON": sys.executable, "FAKE_TERM": str(started), "HEARTBEAT": "0.1"}
+    proc = subprocess.Popen([str(repo / "run.sh"), "--scripts", "fake_torchcompile", "--out", str(out)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not started.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stderr
+    assert [(r["mode"], r["status"], r["total_timesteps"]) for r in read_records(out)] == [("eager", "interrupted", 1200)]
+    assert "[2/4]" not in stdout
+
+
 def test_run_sh_bad_options(repo, tmp_path):
     assert_one_line_error(run_sh(repo, "--scripts", "no_such_script"), "leanrl/no_such_script.py")
     assert_one_line_error(run_sh(repo, "--seeds", "1,x"), "--seeds")
@@ -482,6 +507,10 @@ def test_run_sh_bad_options(repo, tmp_path):
     for gpus in ("0", "x", "-1", "1.5", ""):
         assert_one_line_error(run_sh(repo, "--scripts", "fake_torchcompile", "--gpus", gpus), "--gpus", f"'{gpus}'")
     assert_one_line_error(run_sh(repo, "--gpus"), "--gpus")
+    for gpus in ("1025", "99999999999999999999"):  # a hang building that many slots
+        assert_one_line_error(run_sh(repo, "--scripts", "fake_torchcompile", "--gpus", gpus), f"--gpus {gpus}: at most")
+    for module in ("harness/speed", "fake_envs"):  # a file of the package; a module the scripts import
+        assert_one_line_error(run_sh(repo, "--scripts", module), f"leanrl/{module}.py is not a training script")
     assert_one_line_error(run_sh(repo, "--scripts", "fake_torchcompile", HEARTBEAT="0"), "HEARTBEAT")
     assert_one_line_error(run_sh(repo, "--scripts", "fake_torchcompile", PYTHON="no-such-python"), "no-such-python")
     # a records.jsonl that cannot be read stops run.sh before any run
