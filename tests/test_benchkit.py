@@ -75,6 +75,7 @@ def test_unless_out_of_memory():
         raise torch.OutOfMemoryError("CUDA out of memory")
 
     assert benchkit.unless_out_of_memory(run_out, CPU) is None
+    assert benchkit.unless_out_of_memory(lambda: torch.empty(2**62, dtype=torch.uint8), CPU) is None  # the host's
     assert benchkit.unless_out_of_memory(lambda: 7, CPU) == 7
     with pytest.raises(ValueError):
         benchkit.unless_out_of_memory(lambda: int("x"), CPU)

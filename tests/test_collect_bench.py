@@ -318,6 +318,7 @@ def test_count_events():
         (["--sweep", "x"], "--sweep"),
         (["--sweep", "sc", "--env-id", "Acrobot-v1"], "--sweep sc weighs CartPole-v1 down, not Acrobot-v1"),
         (["--state-factors", "1", "3"], "--state-factors 3 is not a power of two"),
+        (["--seed", "-1"], "--seed -1 must be 0 or more"),
     ],
 )
 def test_bad_input(argv, fragment, capsys, tmp_path):
@@ -329,6 +330,16 @@ def test_bad_input(argv, fragment, capsys, tmp_path):
 def test_bad_input_cli(tmp_path, capsys):
     assert_one_line_error(run_cli(TOOL, "--steps", "0", "--out", tmp_path), "--steps 0 must be positive")
     assert_one_line_error(run_bad_input(TOOL, ["--envs", "4"], capsys), "--out")
+
+
+def test_nothing_measured_is_an_error(tmp_path, monkeypatch):
+    """Every point skipped (the fused kernel on a CPU without Triton's interpreter): its reason, and exit code 1, not a
+    table with no row and exit code 0."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    proc = run_cli(TOOL, "--backends", "torch-fused", "--device", "cpu", "--sweep", "n", "--envs", "2", "--fixed-steps",
+                   "2", "--min-seconds", "0", "--no-kernels", "--out", tmp_path)  # fmt: skip
+    assert proc.returncode == 1 and "skipped torch-fused" in proc.stdout, proc.stderr
+    assert proc.stderr.splitlines()[-1] == "error: nothing was measured: every point was skipped (the lines above say why)"
 
 
 def test_help_gives_defaults_but_not_a_switchs():

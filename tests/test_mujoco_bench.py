@@ -121,6 +121,7 @@ def test_unavailable():
         (["--figure", "bench.svg"], "--figure bench.svg is not a .png file"),
         (["--min-seconds", "-1"], "--min-seconds -1.0 must be 0 or more"),
         (["--min-seconds", "inf"], "--min-seconds inf must be 0 or more, and finite"),
+        (["--seed", "-5"], "--seed -5 must be 0 or more"),
         (["--device", "mps"], "--device mps is neither cpu nor cuda"),
         (["--from-records", "missing.jsonl"], "--from-records missing.jsonl: No such file"),
     ],

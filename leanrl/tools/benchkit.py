@@ -84,7 +84,10 @@ def torch_device(text):
 
 
 def check_measuring_options(args):
-    """--min-seconds, --torch-threads and --device of a tool that measures; args.device becomes a torch.device."""
+    """--min-seconds, --torch-threads, --seed and --device of a tool that measures; args.device becomes a
+    torch.device."""
+    if args.seed < 0:  # gymnasium's and numpy's seeds
+        fail(f"--seed {args.seed} must be 0 or more")
     if not 0 <= args.min_seconds < math.inf:
         fail(f"--min-seconds {args.min_seconds} must be 0 or more, and finite")
     if args.torch_threads < 0:
@@ -184,6 +187,7 @@ def out_of_memory(e):
         isinstance(e, (torch.OutOfMemoryError, MemoryError))
         or "RESOURCE_EXHAUSTED" in str(e)
         or "out of memory" in str(e).lower()
+        or "can't allocate memory" in str(e)  # torch's CPU allocator: a plain RuntimeError
     )
 
 

@@ -607,7 +607,9 @@ def main(argv=None):
 
 if __name__ == "__main__":
     try:
-        main()
+        if not main()[0]:
+            print("error: nothing was measured: every point was skipped (the lines above say why)", file=sys.stderr)
+            sys.exit(1)
     except KeyboardInterrupt:  # main() has written what it measured
         print("interrupted: the outputs hold what was measured before", file=sys.stderr)
         sys.exit(130)
