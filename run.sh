@@ -84,7 +84,10 @@ if [ -z "$SCRIPTS" ]; then
 fi
 IFS=, read -ra SCRIPT_LIST <<<"$SCRIPTS"
 IFS=, read -ra SEED_LIST <<<"$SEEDS"
+SEEN_SCRIPTS=","
 for s in "${SCRIPT_LIST[@]}"; do
+  [[ "$SEEN_SCRIPTS" != *",$s,"* ]] || fail "--scripts: $s is named twice"
+  SEEN_SCRIPTS+="$s,"
   [ -f "$ROOT/leanrl/$s.py" ] || fail "no script leanrl/$s.py"
   [[ "$s" != */* ]] && grep -q '^if __name__ == "__main__":' "$ROOT/leanrl/$s.py" ||
     fail "--scripts: leanrl/$s.py is not a training script (the scripts are leanrl/*.py with an entry point)"

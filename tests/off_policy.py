@@ -46,7 +46,7 @@ BAD_INPUT = [
     (["--num-envs", "3", "--total-timesteps", "1000"], ["--total-timesteps 1000", "--num-envs 3"]),
     (["--num-envs", "8", "--buffer-size", "4", "--batch-size", "4"], ["--buffer-size 4", "--num-envs 8"]),
     (["--total-timesteps", "300", "--learning-starts", "100", "--policy-frequency", "1000"],
-     ["--policy-frequency 1000 is past --total-timesteps 300"]),  # no actor update would ever come
+     ["--policy-frequency 1000 is not below --total-timesteps 300"]),  # no actor update would ever come
     (["--env-id", "Pendulum"], ["--env-id Pendulum: name its version"]),
 ]
 # The statistics of a critic-only update.

@@ -20,6 +20,7 @@ import pytest
 from helpers import MODULES, ROOT, SCRIPTS, assert_one_line_error, load_script
 
 TOOL = load_script("tools/bundle")
+TOOL_PATH = ROOT / "leanrl" / "tools" / "bundle.py"
 NAMES = sorted(path.stem for path in SCRIPTS.glob("*.py") if path.stem not in MODULES)
 # Each script's tiny CPU run, whole iterations that update the networks at least once: its flags and its env steps.
 OFF_POLICY = ["--env-id", "Pendulum-v1", "--learning-starts", "40", "--batch-size", "16", "--buffer-size", "1000",
@@ -413,6 +414,16 @@ def test_the_collections_modules_are_refused(tmp_path, capsys):
         assert not (tmp_path / "out.py").exists()
 
 
+def test_stdout_full_or_closed(tmp_path):
+    """The bundle to stdout that cannot take it (a full disk, a closed stdout): one line, exit code 2."""
+    script = tmp_path / "script.py"
+    script.write_text("print(1)\n")
+    for redirect in ("> /dev/full", ">&-"):
+        proc = subprocess.run(["bash", "-c", f"{sys.executable} {TOOL_PATH} {script} {redirect}"], capture_output=True,
+                              text=True)  # fmt: skip
+        assert_one_line_error(proc, "stdout")
+
+
 def test_bad_output(tmp_path, capsys, monkeypatch):
     write(tmp_path, {"script.py": "print(1)\n", "mine.py": "the user's\n", "a_file": ""})
     script = tmp_path / "script.py"
@@ -433,6 +444,13 @@ def test_bad_output(tmp_path, capsys, monkeypatch):
     for folder in (str(tmp_path / "empty"), str(tmp_path / "not_yet") + os.sep):
         assert TOOL.main([str(script), "-o", folder]) == 0
         assert "print(1)" in (Path(folder) / "script.py").read_text()
+    # Nothing that is not a regular file is replaced: a device, a link (to nothing, or a loop).
+    os.symlink("nowhere/deep", tmp_path / "dangling")
+    os.symlink(tmp_path / "loop", tmp_path / "loop")
+    assert_one_line_error(bundle_main([script, "-o", "/dev/null", "--force"], capsys), "is not a regular file")
+    for link in ("dangling", "loop"):
+        assert_one_line_error(bundle_main([script, "-o", tmp_path / link], capsys), "is a symbolic link")
+    assert os.path.islink(tmp_path / "dangling") and not (tmp_path / "nowhere").exists()
     # A new name without .py is a file, as cp writes one: python runs any file.
     assert TOOL.main([str(script), "-o", str(tmp_path / "standalone")]) == 0
     assert run_alone(tmp_path / "standalone", []).stdout == "1\n"

@@ -58,7 +58,7 @@ BAD_INPUT = [
     (["--gamma", "2"], ["--gamma"]),
     (["--total-timesteps", "1000"], ["--learning-starts", "--total-timesteps"]),
     (["--total-timesteps", "300", "--learning-starts", "100", "--target-network-frequency", "1000"],
-     ["--target-network-frequency 1000 is past --total-timesteps 300"]),  # the target would never be synced
+     ["--target-network-frequency 1000 is not below --total-timesteps 300"]),  # the target would never be synced
     (["--learning-rate", "1e300"], ["--learning-rate 1e+300 is beyond float32's range"]),
 ]
 

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from helpers import (
+    ROOT,
     SCRIPTS,
     assert_one_line_error,
     load_script,
@@ -152,6 +153,7 @@ def test_a_finished_run_resumed_says_so(capsys):
         (["--env-id", "CartPole"], "--env-id CartPole: name its version (CartPole-v0, CartPole-v1)"),
         (["--save-dir", "loop"], "--save-dir loop is a symbolic link to nothing"),
         (["--save-dir", "run", "--speed-log", "run/least_squares.pt"], "is the checkpoint file of --save-dir run"),
+        (["--save-dir", "run", "--speed-log", "link"], "--speed-log link is the checkpoint file of --save-dir run"),
     ],
 )
 def test_bad_flags(argv, flag, capsys):
@@ -159,6 +161,7 @@ def test_bad_flags(argv, flag, capsys):
     written."""
     os.mkfifo("pipe")
     os.symlink("loop", "loop")
+    os.symlink("run/least_squares.pt", "link")  # a link to the checkpoint: appending to it would damage it
     assert_one_line_error(run_bad_input(NAME, argv, capsys), flag)
     assert not Path("runs").exists() and not Path("run").exists()
 
@@ -178,6 +181,21 @@ def test_a_path_from_home(capsys, monkeypatch):
     monkeypatch.setenv("HOME", os.path.abspath("home"))
     run_main(NAME, ["--save-dir=~/x", "--total-timesteps", "40", "--no-tensorboard"], capsys)
     assert checkpoint_of("home/x")["global_step"] == 40 and not Path("~").exists()
+    run_main(NAME, ["--resume=~/x", "--total-timesteps", "80", "--speed-log", "~/log", "--no-tensorboard"], capsys)
+    assert checkpoint_of("home/x")["global_step"] == 80 and Path("home/log").is_file() and not Path("~").exists()
+
+
+@pytest.mark.parametrize("redirect", ["> /dev/full", ">&-", "2>&-"])
+def test_stdout_full_or_closed(redirect, tmp_path):
+    """The record on a stdout that cannot take it (a full disk): one error line, exit code 2, no traceback; a closed
+    stdout or stderr: the run goes on, and the other stream gets nothing of it."""
+    proc = subprocess.run(["bash", "-c", f"{sys.executable} {ROOT / 'tests' / 'least_squares.py'} --total-timesteps 40 "
+                           f"--no-tensorboard {redirect}"], capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+    if redirect == "> /dev/full":
+        assert_one_line_error(proc, "the speed record could not be printed: No space left on device")
+    else:
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stdout.count("\n") == (1 if redirect == "2>&-" else 0), proc.stdout
 
 
 @pytest.fixture
@@ -722,11 +740,12 @@ def test_compile_cache_keeps_a_file_per_gpu_and_torch(monkeypatch, capsys):
     assert texts == {made + "cpu", made + "NVIDIA H200", made + "NVIDIA H200 as cuda:1"}
 
 
-def test_compile_cache_keeps_what_compile_builds():
-    """--compile-cache in a twin run without --compile (and off MuJoCo Warp) would keep nothing: one line. In a
-    process of its own, as a user runs it: this one has imported Warp for other tests."""
-    proc = run_cli("ppo_continuous_action_torchcompile", "--compile-cache", "cache")
+def test_compile_cache_keeps_what_compile_builds(tmp_path):
+    """--compile-cache in a twin run without --compile (and off MuJoCo Warp) would keep nothing: one line, and no
+    folder made. In a process of its own, as a user runs it: this one has imported Warp for other tests."""
+    proc = run_cli("ppo_continuous_action_torchcompile", "--compile-cache", "cache", cwd=tmp_path)
     assert_one_line_error(proc, "--compile-cache keeps what --compile builds: pass --compile too")
+    assert not (tmp_path / "cache").exists()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's /proc gives a process's start")

@@ -509,6 +509,7 @@ def test_run_sh_bad_options(repo, tmp_path):
     assert_one_line_error(run_sh(repo, "--gpus"), "--gpus")
     for gpus in ("1025", "99999999999999999999"):  # a hang building that many slots
         assert_one_line_error(run_sh(repo, "--scripts", "fake_torchcompile", "--gpus", gpus), f"--gpus {gpus}: at most")
+    assert_one_line_error(run_sh(repo, "--scripts", "fake_torchcompile,fake_torchcompile"), "named twice")
     for module in ("harness/speed", "fake_envs"):  # a file of the package; a module the scripts import
         assert_one_line_error(run_sh(repo, "--scripts", module), f"leanrl/{module}.py is not a training script")
     assert_one_line_error(run_sh(repo, "--scripts", "fake_torchcompile", HEARTBEAT="0"), "HEARTBEAT")

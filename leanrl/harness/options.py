@@ -81,15 +81,13 @@ def parse_args(Args, script_file, argv=None):
     """(args, checkpoint): argv over the arguments of the checkpoint to resume or evaluate, range-checked, of Args with
     the run options."""
     script = os.path.basename(script_file).removesuffix(".py")
-    argv = sys.argv[1:] if argv is None else argv
+    argv = home_paths(sys.argv[1:] if argv is None else argv)
     Args = with_run_options(Args)
     check_flag_names(Args, argv)
     args, checkpoint = tyro.cli(Args, args=argv), None
     for name, value in asdict(args).items():
         if value == "":  # else read as no value at all: no checkpoint, a fresh run, no log
             fail(f"{flag(name)} '': an empty name (leave the flag out for its default)")
-        if name in PATHS and value and value.startswith("~"):  # --save-dir=~/x: no shell expands it
-            setattr(args, name, os.path.expanduser(value))
     if args.resume and args.eval_checkpoint:
         fail("--resume and --eval-checkpoint exclude each other")
     for name in ("save_dir", "save_every", "speed_log", "profile_dir"):
@@ -133,14 +131,27 @@ def parse_args(Args, script_file, argv=None):
         fail(f"--torch-threads {args.torch_threads}: this machine has {os.cpu_count()} cores (0: torch's default)")
     given = {token.split("=")[0].replace("_", "-") for token in argv}
     for name in FREQUENCIES:  # the user's own value: a default past a short run's end is CleanRL's behaviour
-        if flag(name) in given and getattr(args, name) > args.total_timesteps:
-            fail(f"{flag(name)} {getattr(args, name)} is past --total-timesteps {args.total_timesteps}: that update "
-                 "would never happen")  # fmt: skip
+        if flag(name) in given and getattr(args, name) >= args.total_timesteps:
+            fail(f"{flag(name)} {getattr(args, name)} is not below --total-timesteps {args.total_timesteps}: that "
+                 "update would never happen")  # fmt: skip
     if args.save_every and not args.save_dir:
         fail(f"--save-every {args.save_every} needs --save-dir")
     if args.track and not args.tensorboard:
         fail("--track mirrors the TensorBoard scalars to wandb: drop --no-tensorboard")
     return args, checkpoint
+
+
+def home_paths(argv):
+    """argv with a path flag's value from ~ read from the home folder: no shell expands `--save-dir=~/x`."""
+    paths, out = {flag(name) for name in PATHS}, []
+    for token in argv:
+        name, _, value = token.partition("=")
+        if name in paths and value.startswith("~"):
+            token = f"{name}={os.path.expanduser(value)}"
+        elif out and out[-1] in paths and token.startswith("~"):  # "--save-dir" "~/x", quoted
+            token = os.path.expanduser(token)
+        out.append(token)
+    return out
 
 
 def restarts():
@@ -186,8 +197,8 @@ def check_outputs(args, script):
     folders = {"--save-dir": args.save_dir, "--profile-dir": args.profile_dir, "--speed-log": speed_log_folder,
                "--compile-cache": getattr(args, "compile_cache", None),
                "runs": args.tensorboard and "runs", "videos": getattr(args, "capture_video", False) and "videos"}
-    if args.save_dir and args.speed_log and os.path.abspath(args.speed_log) == os.path.abspath(
-            os.path.join(args.save_dir, f"{script}.pt")):  # fmt: skip
+    if args.save_dir and args.speed_log and os.path.realpath(args.speed_log) == os.path.realpath(
+            os.path.join(args.save_dir, f"{script}.pt")):  # fmt: skip (a link to it too)
         fail(f"--speed-log {args.speed_log} is the checkpoint file of --save-dir {args.save_dir}: name another file")
     if args.speed_log and os.path.isdir(args.speed_log):
         fail(f"--speed-log {args.speed_log} is a folder: it names a file, which the record is appended to")

@@ -50,6 +50,9 @@ class Run:
     def __init__(self, args, script_file, checkpoint, ranks=None):
         """ranks: under torchrun, what setup_distributed returned (None: one process)."""
         self.program, self.args, self.checkpoint, self.ranks = is_program(script_file), args, checkpoint, ranks
+        for stream in ("stdout", "stderr"):  # closed (>&-, 2>&-): its lines go nowhere, not onto the other one
+            if getattr(sys, stream) is None:
+                setattr(sys, stream, open(os.devnull, "w"))
         self.t_start = time.perf_counter() - (age() if self.program else 0.0)  # called from other code: from here
         self.script = os.path.basename(script_file).removesuffix(".py")
         if ranks is None and int(os.environ.get("WORLD_SIZE", 1)) > 1:
@@ -71,12 +74,13 @@ class Run:
         versions = sorted(k for k in gymnasium.envs.registry if k.startswith(f"{args.env_id}-v"))
         if versions and args.env_id not in gymnasium.envs.registry:  # gymnasium would take the latest, with a warning
             fail(f"--env-id {args.env_id}: name its version ({', '.join(versions)})")
+        compile_cache = getattr(args, "compile_cache", None)
+        if compile_cache and not (getattr(args, "compile", False) or "warp" in sys.modules):  # Warp builds kernels
+            fail("--compile-cache keeps what --compile builds: pass --compile too")
         if not args.eval_checkpoint:
             check_outputs(args, self.script)
         self.compile_cache = None
-        if getattr(args, "compile_cache", None):
-            if not (getattr(args, "compile", False) or "warp" in sys.modules):  # MuJoCo Warp builds kernels
-                fail("--compile-cache keeps what --compile builds: pass --compile too")
+        if compile_cache:
             self.compile_cache = CompileCache(args.compile_cache, self.device)
         headless_video(args)
         quiet_mujoco(args.env_id)

@@ -1,6 +1,7 @@
 """The steady fps window, and the speed record printed: the last stdout line of every run (docs/contract.md)."""
 
 import json
+import os
 import sys
 import time
 
@@ -36,7 +37,11 @@ def print_record(record, speed_log):
     cannot be written is one error line after the record, exit code 2)."""
     line = json.dumps(record)
     shown = json.dumps({key: record[key] for key in HEADLINE}) if sys.stdout.isatty() else line
-    print(shown, flush=True)
+    try:
+        print(shown, flush=True)
+        unprinted = None
+    except OSError as e:  # > /dev/full
+        unprinted = f"error: the speed record could not be printed: {e.strerror or e}"
     if speed_log:
         try:
             with open(speed_log, "a") as f:  # one write of a whole line: concurrent runs never interleave
@@ -44,3 +49,6 @@ def print_record(record, speed_log):
         except OSError as e:
             print(f"error: --speed-log {speed_log}: the record was not appended: {e.strerror or e}", file=sys.stderr)
             sys.exit(2)
+    if unprinted:  # at once: the interpreter's exit would fail again on what stdout still holds, in a traceback
+        print(unprinted, file=sys.stderr, flush=True)
+        os._exit(2)

@@ -908,14 +908,23 @@ def main(argv=None):
     if (script.resolve().parent / "__init__.py").is_file():  # harness/run.py: a relative import would say why
         fail(f"{script} is a module of the package {script.resolve().parent.name}, not a training script")
     if output is None:
+        if sys.stdout is None:  # >&-
+            fail("stdout is closed: pass -o FILE")
         try:
             bundler = Bundler(script.resolve())
             sys.stdout.write(bundler.write(None))
+            sys.stdout.flush()
         except BundleError as e:
             fail(str(e))
+        except OSError as e:  # > /dev/full
+            fail(f"the bundle could not be written to stdout: {e.strerror or e}")
         return 0
     if output.is_dir() or args.output.endswith(os.sep):  # into a folder, under the script's own name
         output = output / script.name
+    if output.is_symlink():  # replacing the link would leave its target as it was; a loop cannot be followed
+        fail(f"-o {output} is a symbolic link: name the file itself")
+    if output.exists() and not output.is_file() :
+        fail(f"-o {output} is not a regular file (a device, a pipe?): name a file")
     folder = output.resolve().parent
     if output.exists() and not args.force:
         fail(f"-o {output} exists: pass --force to overwrite it, or name another file")
