@@ -185,6 +185,19 @@ def test_a_path_from_home(capsys, monkeypatch):
     assert checkpoint_of("home/x")["global_step"] == 80 and Path("home/log").is_file() and not Path("~").exists()
 
 
+def test_runs_started_in_the_same_second_have_folders_of_their_own(capsys, monkeypatch):
+    """The run name holds the second it started (CleanRL's): a second run of the same script, env and seed in that
+    second writes runs/<name>-2, not into the first one's folder."""
+    import harness.run
+
+    clock = SimpleNamespace(time=lambda: 1795961057.0, perf_counter=time.perf_counter)
+    monkeypatch.setattr(harness.run, "time", clock)
+    for _ in range(2):
+        run_main(NAME, ["--total-timesteps", "40"], capsys)
+    name = "runs/LeastSquares__least_squares__1__1795961057"
+    assert sorted(str(p.parent) for p in Path("runs").glob("*/events.out.tfevents.*")) == [name, f"{name}-2"]
+
+
 @pytest.mark.parametrize("redirect", ["> /dev/full", ">&-", "2>&-"])
 def test_stdout_full_or_closed(redirect, tmp_path):
     """The record on a stdout that cannot take it (a full disk): one error line, exit code 2, no traceback; a closed

@@ -3,6 +3,7 @@ as each unit of work begins; phase() marks what the time that follows is spent o
 steps, log(); `with run.stoppable():` around the loop, finish() after it. Under torchrun, start() joins the ranks,
 proceed() makes them agree to stop together and finish() checks they end equal."""
 
+import atexit
 import json
 import logging
 import math
@@ -79,6 +80,7 @@ class Run:
             fail("--compile-cache keeps what --compile builds: pass --compile too")
         if not args.eval_checkpoint:
             check_outputs(args, self.script)
+            self.run_name = claimed(self.run_name, args)
         self.compile_cache = None
         if compile_cache:
             self.compile_cache = CompileCache(args.compile_cache, self.device)
@@ -374,6 +376,23 @@ class Run:
             "episodic_return": self.progress and self.progress.mean_return(),
             "return_curve": self.progress and self.progress.curve or [],
         }  # fmt: skip
+
+
+def claimed(run_name, args):
+    """The run's name, made its own: its folder (runs/, else videos/) made now, with -2, -3 ... after a name that a run
+    started in the same second holds (two runs would write one folder); removed at exit if still empty (a run that
+    failed before its loop)."""
+    parent = "runs" if args.tensorboard else "videos" if getattr(args, "capture_video", False) else None
+    for n in range(1, 1000) if parent else ():
+        name = run_name if n == 1 else f"{run_name}-{n}"
+        try:
+            os.mkdir(os.path.join(parent, name))
+        except FileExistsError:
+            continue
+        atexit.register(lambda folder: os.path.isdir(folder) and not os.listdir(folder) and os.rmdir(folder),
+                        os.path.join(parent, name))  # fmt: skip
+        return name
+    return run_name
 
 
 def is_program(script_file):
