@@ -107,6 +107,7 @@ def test_unavailable():
     assert "more than the" in unavailable("gymnasium", cores + 1, cpu)
     assert unavailable("rollout", 4, cpu, mode="compile+cudagraphs") == "CUDA graphs need CUDA"
     assert unavailable("envpool", 4, cpu, "Hopper-v5") is None  # envpool's Hopper-v4
+    assert "32 bits" in unavailable("envpool", 2**31, cpu, "Hopper-v5")  # not a TypeError from its constructor
 
 
 @pytest.mark.parametrize(

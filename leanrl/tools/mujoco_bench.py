@@ -99,6 +99,8 @@ def unavailable(backend, n, device, env_id=DEFAULT_ENV_ID, mode=None):
             return import_failed
         if envpool_id(env_id) not in envpool.list_all_envs():
             return f"envpool has no {envpool_id(env_id)}"
+        if n >= 2**31:  # its num_envs is a C int
+            return f"envpool counts its envs in 32 bits: {n} are too many"
     if backend in ("warp", "rollout"):
         if MODES.get(mode, (False, False))[1] and device.type != "cuda":
             return "CUDA graphs need CUDA"
