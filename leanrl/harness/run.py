@@ -39,12 +39,13 @@ from .progress import CONSOLE_SECONDS, Progress, ScalarLog, fail
 from .signals import StopSignals
 from .speed import SpeedWindow, print_record
 
-# Notes that are not the user's concern; the last two: the episode an evaluation leaves unfinished is not recorded,
-# and a stop cut torch.compile's trace of a backward short (it traces with autograd's anomaly mode on).
+# Notes that are not the user's concern; the last three: the episode an evaluation leaves unfinished is not
+# recorded, a stop cut torch.compile's trace of a backward short (it traces with autograd's anomaly mode on), and the
+# run's video folder exists: claimed() made it, for this run alone.
 QUIET_WARNINGS = (r".*The environment \S+-v\d+ is out of date", r"Using lock_\(\) inside a compiled graph",
                   r"TensorFloat32 tensor cores", r"The AccumulateGrad node's stream does not match",
                   r"\s*Online softmax is disabled on the fly", r".*Unable to save last video",
-                  r"Error detected in \w+\. Traceback of forward call")  # fmt: skip
+                  r"Error detected in \w+\. Traceback of forward call", r".*Overwriting existing videos at")  # fmt: skip
 
 
 class Run:
