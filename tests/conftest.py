@@ -8,6 +8,7 @@ import sys
 import threading
 from pathlib import Path
 
+import gymnasium  # noqa: F401  (its import sets PYGAME_HIDE_SUPPORT_PROMPT: before any test, not inside one)
 import pytest
 import torch
 
