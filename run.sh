@@ -22,8 +22,8 @@
 # With --gpus N, the progress lines name each run's GPU ("[3/55 gpu 1]") and the time left is that sum
 # divided by N (by the runs left, when fewer), the runs in flight counted whole.
 # Ctrl-C, or SIGTERM to run.sh (which passes it on), stops the runs in flight (their records say interrupted),
-# records them as interrupted, renders the report and says how to resume. PYTHON picks the interpreter (default: python). Exit code: 0 when every run
-# succeeded, 1 when one failed, 2 for bad options, 130 when interrupted.
+# records them as interrupted, renders the report and says how to resume. PYTHON picks the interpreter (default:
+# python). Exit code: 0 when every run succeeded, 1 when one failed, 2 for bad options, 130 when interrupted.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

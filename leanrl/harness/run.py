@@ -384,7 +384,9 @@ def claimed(run_name, args):
     started in the same second holds (two runs would write one folder); removed at exit if still empty (a run that
     failed before its loop)."""
     parent = "runs" if args.tensorboard else "videos" if getattr(args, "capture_video", False) else None
-    for n in range(1, 1000) if parent else ():
+    if parent is None:  # no folder of its own to share
+        return run_name
+    for n in range(1, 1000):
         name = run_name if n == 1 else f"{run_name}-{n}"
         try:
             os.mkdir(os.path.join(parent, name))

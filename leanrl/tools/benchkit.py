@@ -83,6 +83,19 @@ def torch_device(text):
     return device
 
 
+def run_measuring_tool(measure):
+    """A measuring tool's entry point: measure() returns the records, written as it goes. Exit code 1 when every
+    point was skipped, 130 on Ctrl-C (the outputs hold what was measured before)."""
+    try:
+        records = measure()
+    except KeyboardInterrupt:
+        print("interrupted: the outputs hold what was measured before", file=sys.stderr)
+        sys.exit(130)
+    if not records:
+        print("error: nothing was measured: every point was skipped (the lines above say why)", file=sys.stderr)
+        sys.exit(1)
+
+
 def check_measuring_options(args):
     """--min-seconds, --torch-threads, --seed and --device of a tool that measures; args.device becomes a
     torch.device."""

@@ -923,7 +923,7 @@ def main(argv=None):
         output = output / script.name
     if output.is_symlink():  # replacing the link would leave its target as it was; a loop cannot be followed
         fail(f"-o {output} is a symbolic link: name the file itself")
-    if output.exists() and not output.is_file() :
+    if output.exists() and not output.is_file():
         fail(f"-o {output} is not a regular file (a device, a pipe?): name a file")
     folder = output.resolve().parent
     if output.exists() and not args.force:

@@ -69,6 +69,7 @@ from benchkit import (
     measure,
     pyplot,
     quiet,
+    run_measuring_tool,
     save_figure,
     synchronizer,
     unless_out_of_memory,
@@ -606,10 +607,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        if not main()[0]:
-            print("error: nothing was measured: every point was skipped (the lines above say why)", file=sys.stderr)
-            sys.exit(1)
-    except KeyboardInterrupt:  # main() has written what it measured
-        print("interrupted: the outputs hold what was measured before", file=sys.stderr)
-        sys.exit(130)
+    run_measuring_tool(lambda: main()[0])
