@@ -3,7 +3,6 @@ GPU and versions, starts warm from: torch.compile's artifacts (PyTorch's portabl
 Triton, autotuning) and MuJoCo Warp's kernels."""
 
 import hashlib
-import json
 import os
 import sys
 

@@ -111,9 +111,9 @@ def parse_args(Args, script_file, argv=None):
     args.exp_name = args.exp_name or script
     if "/" in args.exp_name or os.sep in args.exp_name or not args.exp_name.isprintable():
         fail(f"--exp-name {args.exp_name!r}: a name of printable characters, not a path (it names the run's folders)")
-    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    if len(run_name.encode()) > NAME_MAX:
-        fail(f"--exp-name: the run's folder name {run_name[:40]}... would be {len(run_name.encode())} bytes, over "
+    name = run_name(args)
+    if len(name.encode()) > NAME_MAX:
+        fail(f"--exp-name: the run's folder name {name[:40]}... would be {len(name.encode())} bytes, over "
              f"the {NAME_MAX} a file system allows: pass a shorter --exp-name")  # fmt: skip
     for name, value in asdict(args).items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -139,6 +139,11 @@ def parse_args(Args, script_file, argv=None):
     if args.track and not args.tensorboard:
         fail("--track mirrors the TensorBoard scalars to wandb: drop --no-tensorboard")
     return args, checkpoint
+
+
+def run_name(args):
+    """CleanRL's name of a run, its folders' (runs/, videos/) and wandb's: env, experiment, seed, start second."""
+    return f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
 
 
 def home_paths(argv):

@@ -34,7 +34,7 @@ from .checkpoints import (
     write_checkpoint,
 )
 from .compile_cache import CompileCache
-from .options import check_outputs, restarts
+from .options import check_outputs, restarts, run_name
 from .progress import CONSOLE_SECONDS, Progress, ScalarLog, fail
 from .signals import StopSignals
 from .speed import SpeedWindow, print_record
@@ -60,7 +60,7 @@ class Run:
         if ranks is None and int(os.environ.get("WORLD_SIZE", 1)) > 1:
             fail(f"{self.script} runs in one process: start it with python, not torchrun")
         self.rank = ranks.rank if ranks else 0
-        self.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        self.run_name = run_name(args)
         self.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
         if getattr(args, "cudagraphs", False) and self.device.type != "cuda":
             print("warning: --cudagraphs needs CUDA; running without CUDA graphs", file=sys.stderr)
@@ -379,23 +379,23 @@ class Run:
         }  # fmt: skip
 
 
-def claimed(run_name, args):
+def claimed(name, args):
     """The run's name, made its own: its folder (runs/, else videos/) made now, with -2, -3 ... after a name that a run
     started in the same second holds (two runs would write one folder); removed at exit if still empty (a run that
     failed before its loop)."""
     parent = "runs" if args.tensorboard else "videos" if getattr(args, "capture_video", False) else None
     if parent is None:  # no folder of its own to share
-        return run_name
+        return name
     for n in range(1, 1000):
-        name = run_name if n == 1 else f"{run_name}-{n}"
+        mine = name if n == 1 else f"{name}-{n}"
         try:
-            os.mkdir(os.path.join(parent, name))
+            os.mkdir(os.path.join(parent, mine))
         except FileExistsError:
             continue
         atexit.register(lambda folder: os.path.isdir(folder) and not os.listdir(folder) and os.rmdir(folder),
-                        os.path.join(parent, name))  # fmt: skip
-        return name
-    return run_name
+                        os.path.join(parent, mine))  # fmt: skip
+        return mine
+    return name
 
 
 def is_program(script_file):
