@@ -289,6 +289,17 @@ def free_port():
         return s.getsockname()[1]
 
 
+def port_for(shared, key, rank):
+    """The rendezvous port of one process group of spawned ranks, picked by rank 0 just before the group meets and
+    handed to the others through `shared` (a Manager dict) under `key`: a port picked minutes ahead can be taken by
+    another process by then."""
+    if rank == 0:
+        shared["port", key] = free_port()
+    while ("port", key) not in shared:
+        time.sleep(0.01)
+    return shared["port", key]
+
+
 def agent_pair(base_name, fast_name, network, sizes, compile, cudagraphs, device, **kwargs):
     """A baseline agent and a twin agent, each Agent(args, *sizes, device), with the same parameters (their `network`
     module's), and each one's make_update_fns: ((agent, fns), (agent, fns)). kwargs: Args fields of both."""

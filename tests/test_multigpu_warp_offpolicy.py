@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from helpers import assert_equal, free_port, load_script
+from helpers import assert_equal, load_script, port_for
 
 NAMES = ("td3_gpu_mujoco", "sac_gpu_mujoco", "td3_gpu_mujoco_torchcompile", "sac_gpu_mujoco_torchcompile")
 # Per rank: 2 Hopper envs, batches of 8 from a buffer of 100 steps of each env. --total-timesteps and
@@ -56,23 +56,23 @@ def digest(tensors):
     return hashlib.sha256(b"".join(t.detach().contiguous().numpy().tobytes() for t in tensors)).hexdigest()
 
 
-def two_ranks_worker(rank, ports, tmp, results):
+def two_ranks_worker(rank, tmp, results):
     """One rank: each script's tiny run on two ranks, then (rank 0) each on one rank and alone, then a total that
     does not split over two ranks."""
     torch.set_num_threads(1)  # as torchrun's OMP_NUM_THREADS: two ranks on two cores
-    for name, port in zip(NAMES, ports):
-        as_rank(rank, 2, port)
+    for name in NAMES:
+        as_rank(rank, 2, port_for(results, (name, 2), rank))
         record, made = recorded_run(name, [*TINY, "--save-dir", str(tmp / f"{name}_2")])
         results[name, rank] = (record, digest(made["agent"].state_dict().values()), digest([made["first_qpos"]]),
                                digest([made["rb"].storage]), sorted(made["rows"]))  # fmt: skip
     if rank == 0:
-        for name, port in zip(NAMES, ports[len(NAMES) :]):
-            as_rank(0, 1, port)
+        for name in NAMES:
+            as_rank(0, 1, port_for(results, (name, 1), 0))
             recorded_run(name, [*TINY, "--save-dir", str(tmp / f"{name}_1")])
             del os.environ["WORLD_SIZE"]
             recorded_run(name, [*TINY, "--save-dir", str(tmp / f"{name}_alone")])
-    for flag, value, port in (("--total-timesteps", "34", ports[-2]), ("--batch-size", "6", ports[-1])):
-        as_rank(rank, 2, port)
+    for flag, value in (("--total-timesteps", "34"), ("--batch-size", "6")):
+        as_rank(rank, 2, port_for(results, flag, rank))
         stderr = StringIO()
         with redirect_stderr(stderr), pytest.raises(SystemExit) as exit_info:
             load_script(NAMES[0]).main([*TINY, flag, value])
@@ -85,8 +85,7 @@ def ranks(tmp_path_factory):
     """The workers' results, and the folder of the runs' checkpoints."""
     tmp = tmp_path_factory.mktemp("ranks")
     results = mp.Manager().dict()
-    ports = [free_port() for _ in range(2 * len(NAMES) + 2)]
-    mp.spawn(two_ranks_worker, args=(ports, tmp, results), nprocs=2)
+    mp.spawn(two_ranks_worker, args=(tmp, results), nprocs=2)
     return dict(results), tmp
 
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 import torch.multiprocessing as mp
-from helpers import RECORD_KEYS, SCRIPTS, free_port, load_script, run_main
+from helpers import RECORD_KEYS, SCRIPTS, load_script, port_for, run_main
 
 import mujoco_warp_envs
 from mujoco_warp_envs import RunningMeanStd
@@ -32,7 +32,7 @@ RUNS = {
 }
 
 
-def rank_worker(rank, ports, folder, results):
+def rank_worker(rank, folder, results):
     """One of two ranks, started as torchrun starts them (its environment variables), for each of RUNS: the script's
     main(), what its envs fed their running statistics, the network it trained and the statistics it ended with."""
     os.chdir(folder)
@@ -48,10 +48,10 @@ def rank_worker(rank, ports, folder, results):
         init(envs, *args)
 
     RunningMeanStd.update, mujoco_warp_envs.Envs.__init__ = recording_update, recording_init  # CapturableEnvs' too
-    for (run, (name, argv)), port in zip(RUNS.items(), ports):
+    for run, (name, argv) in RUNS.items():
         script = load_script(name)
         fed.clear()
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(RANKS), RANK=str(rank),
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port_for(results, run, rank)), WORLD_SIZE=str(RANKS), RANK=str(rank),
                           LOCAL_RANK=str(rank))  # fmt: skip
         agent = script.Agent
 
@@ -78,7 +78,7 @@ def rank_worker(rank, ports, folder, results):
 def two_ranks(tmp_path_factory):
     """(the folder the ranks ran in, {(run, rank): what rank_worker found})."""
     folder, results = tmp_path_factory.mktemp("ranks"), mp.Manager().dict()
-    mp.spawn(rank_worker, args=([free_port() for _ in RUNS], folder, results), nprocs=RANKS)
+    mp.spawn(rank_worker, args=(folder, results), nprocs=RANKS)
     return folder, dict(results)
 
 
