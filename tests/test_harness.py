@@ -695,6 +695,21 @@ def test_out_of_memory_is_one_line(error, capsys, monkeypatch):
     assert_one_line_error(run_bad_input(NAME, ["--no-tensorboard"], capsys), "out of memory", "--buffer-size")
 
 
+@pytest.mark.parametrize("error", [RuntimeError("a kernel failed"), NotImplementedError("no such operator")])
+def test_another_runtime_error_is_not_called_out_of_memory(error, capsys, monkeypatch):
+    """A RuntimeError that is not the allocator's, or one of RuntimeError's kinds (NotImplementedError, a compiler's
+    error), is raised as it is: a bug's traceback, not a hint to lower the sizes."""
+    script = load_script(NAME)
+
+    def train(args, run):
+        raise error
+
+    monkeypatch.setattr(script, "train", train)
+    with pytest.raises(type(error)):
+        run_main(NAME, ["--no-tensorboard"], capsys)
+    assert "out of memory" not in capsys.readouterr().err
+
+
 def test_a_stop_during_a_long_unit_cuts_it_short(workdir):
     """Ctrl-C in a unit of work that lasts (a compilation; here a step of 600 s) stops the run AT_ONCE_SECONDS
     later, in the middle of the unit: the record (interrupted, no step done), exit 130, no traceback, and no

@@ -273,8 +273,8 @@ class Run:
             if type(e) is RuntimeError and raised_in(e, "optim"):  # a step too large for float32 (--learning-rate 1e38)
                 self.diverged = f"the run diverged: the optimizer's step overflowed float32 at env step {self.steps}"
                 return
-            if type(e) is RuntimeError and "DefaultCPUAllocator" not in str(e):
-                raise
+            if not isinstance(e, (MemoryError, torch.OutOfMemoryError)) and "DefaultCPUAllocator" not in str(e):
+                raise  # another RuntimeError, or one of its kinds (a compiler's error)
             fail(f"out of memory: {str(e).splitlines()[0]}; a smaller --buffer-size, --num-envs or --batch-size needs "
                  "less")  # fmt: skip
         except ValueError as e:
