@@ -730,16 +730,14 @@ def test_a_stop_during_a_long_unit_cuts_it_short(workdir):
 def test_compile_cache_keeps_a_file_per_gpu_and_torch(monkeypatch, capsys):
     """--compile-cache: the warm-up's artifacts go into a file named for this device and torch version, which the
     next start loads; a folder holding only another version's file says so in one line and is not loaded from; an
-    unreadable file is compiled over; Warp builds its kernels in the folder."""
+    unreadable file is compiled over."""
     from harness.compile_cache import CompileCache
 
     loaded, version, cpu = [], torch.__version__, torch.device("cpu")
     monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"artifacts of " + version.encode(), None))
     monkeypatch.setattr(torch.compiler, "load_cache_artifacts", loaded.append)
-    monkeypatch.setenv("WARP_CACHE_PATH", "restored after the test")
     CompileCache("cache", cpu).save()
     assert "--compile-cache cache: nothing for torch" in capsys.readouterr().err and loaded == []
-    assert os.environ["WARP_CACHE_PATH"] == os.path.join("cache", "warp")
     (ours,) = Path("cache").glob("torch-*.bin")
     CompileCache("cache", cpu)
     assert loaded == [b"artifacts of " + version.encode()] and "loaded" in capsys.readouterr().err
@@ -765,6 +763,19 @@ def test_compile_cache_keeps_a_file_per_gpu_and_torch(monkeypatch, capsys):
     assert f"nothing for {made}NVIDIA H200 as cuda:1 yet" in capsys.readouterr().err
     texts = {path.read_text() for path in Path("cache").glob("torch-*.txt")}
     assert texts == {made + "cpu", made + "NVIDIA H200", made + "NVIDIA H200 as cuda:1"}
+
+
+def test_compile_cache_holds_warps_kernels_and_the_drivers(monkeypatch):
+    """--compile-cache DIR: Warp builds its kernels in DIR/warp, and the CUDA driver keeps there the machine code it
+    compiles from Warp's PTX (DIR/cuda), both named as the options are read, before CUDA starts."""
+    from harness.options import parse_args
+
+    for name in ("WARP_CACHE_PATH", "CUDA_CACHE_PATH"):
+        monkeypatch.setenv(name, "restored after the test")
+    script = load_script("ppo_continuous_action_gpu_mujoco_torchcompile")
+    parse_args(script.Args, script.__file__, ["--compile", "--compile-cache", "cache"])
+    assert os.environ["WARP_CACHE_PATH"] == str(Path("cache").absolute() / "warp")
+    assert os.environ["CUDA_CACHE_PATH"] == str(Path("cache").absolute() / "cuda")
 
 
 def test_compile_cache_keeps_what_compile_builds(tmp_path):

@@ -9,10 +9,18 @@ import sys
 import torch
 
 
+def kernel_caches_in(folder):
+    """Warp's kernel cache in folder, and the CUDA driver's, which holds the machine code it compiles from the PTX
+    Warp builds (Humanoid's kernels on an H200: 56 s with the driver's cache empty, 23 s with it full); a second
+    machine would compile that again. Set before CUDA starts, which reads where its cache is."""
+    os.environ["WARP_CACHE_PATH"] = os.path.join(os.path.abspath(folder), "warp")  # a folder per Warp version in it
+    os.environ["CUDA_CACHE_PATH"] = os.path.join(os.path.abspath(folder), "cuda")
+
+
 class CompileCache:
     def __init__(self, folder, device):
-        """Loads this GPU's (model and index) and versions' torch artifacts from folder; Warp, not started yet,
-        builds into folder."""
+        """Loads this GPU's (model and index) and versions' torch artifacts from folder (Warp's and the driver's
+        kernels: kernel_caches_in)."""
         os.makedirs(folder, exist_ok=True)
         gpu = "cpu"
         if device.type == "cuda":  # compiled code names its device: under torchrun each rank's index has its file
@@ -21,7 +29,6 @@ class CompileCache:
         self.made_with = f"torch {torch.__version__} (CUDA {torch.version.cuda}) on {gpu}"
         # A file per GPU and versions: another's artifacts are never loaded, and its file stays for its machines.
         self.file = os.path.join(folder, f"torch-{hashlib.sha256(self.made_with.encode()).hexdigest()[:16]}.bin")
-        os.environ["WARP_CACHE_PATH"] = os.path.join(folder, "warp")  # Warp keeps a folder per version in it
         said = f"--compile-cache {folder}:"
         try:
             with open(self.file, "rb") as f:

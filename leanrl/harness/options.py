@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, fields
 import tyro
 
 from .checkpoints import checkpoint_file, read_checkpoint
+from .compile_cache import kernel_caches_in
 from .progress import fail
 
 # Numeric flags must be finite and >= 0; these, where a script has them, > 0 or in (0, 1].
@@ -138,6 +139,8 @@ def parse_args(Args, script_file, argv=None):
         fail(f"--save-every {args.save_every} needs --save-dir")
     if args.track and not args.tensorboard:
         fail("--track mirrors the TensorBoard scalars to wandb: drop --no-tensorboard")
+    if getattr(args, "compile_cache", None):
+        kernel_caches_in(args.compile_cache)
     return args, checkpoint
 
 
