@@ -406,9 +406,12 @@ def test_refused_bundles(tmp_path, capsys, files, fragments):
 
 
 def test_the_collections_modules_are_refused(tmp_path, capsys):
-    """A module the scripts import, in a package or beside them, is not a training script: no file written."""
+    """A module the scripts import, in a package or beside them, or a package's __init__, is not a training script: no
+    file written. The scripts themselves, in the package leanrl (for `python -m leanrl.dqn`), are."""
     for module, fragment in (("harness/run.py", "a module of the package harness"),
-                             ("mujoco_warp_envs.py", "defines names and runs nothing")):  # fmt: skip
+                             ("mujoco_warp_envs.py", "defines names and runs nothing"),
+                             ("__init__.py", "sets up the package leanrl"),
+                             ("tools/__init__.py", "sets up the package tools")):  # fmt: skip
         proc = bundle_main([ROOT / "leanrl" / module, "-o", tmp_path / "out.py"], capsys)
         assert_one_line_error(proc, fragment, "not a training script")
         assert not (tmp_path / "out.py").exists()

@@ -3,10 +3,14 @@ file of the project; its algorithm comes first, a network or env class early in 
 documented; the twin keeping the baseline's algorithm parts."""
 
 import ast
+import json
 import re
+import os
+import subprocess
+import sys
 
 import pytest
-from helpers import MODULES
+from helpers import MODULES, ROOT
 from helpers import SCRIPTS as LEANRL
 
 SCRIPTS = sorted(path for path in LEANRL.glob("*.py") if path.stem not in MODULES)
@@ -157,3 +161,13 @@ def test_harness_names_imported(path):
     tree = ast.parse(path.read_text())
     names = [a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "harness" for a in n.names]
     assert len(names) <= 9 and len(set(names)) == len(names), names
+
+
+def test_a_script_runs_as_a_module_too(tmp_path):
+    """`python -m leanrl.dqn` as well as `python leanrl/dqn.py`: the package puts the modules the scripts import on
+    the path. From a scratch folder, the repository on PYTHONPATH (as its root is when run from there)."""
+    proc = subprocess.run([sys.executable, "-m", "leanrl.dqn", "--total-timesteps", "300", "--learning-starts", "100",
+                           "--no-tensorboard"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["total_timesteps"] == 300

@@ -877,6 +877,16 @@ def fail(message):
     sys.exit(2)
 
 
+def imports_relatively(path):
+    """Whether the file imports from its own package (`from .run import ...`), which a script on its own cannot; one
+    that does not parse says why in the Bundler."""
+    try:
+        tree = ast.parse(path.read_bytes())
+    except (SyntaxError, ValueError):
+        return False
+    return any(isinstance(node, ast.ImportFrom) and node.level for node in ast.walk(tree))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         description="Write one standalone file of a training script that reads algorithm first: the imports of all "
@@ -905,7 +915,9 @@ def main(argv=None):
         fail(f"{script}: no such script" if not script.exists() else f"{script} is not a file")
     if script.suffix != ".py":
         fail(f"{script}: a training script is a .py file")
-    if (script.resolve().parent / "__init__.py").is_file():  # harness/run.py: a relative import would say why
+    if script.name == "__init__.py":
+        fail(f"{script} sets up the package {script.resolve().parent.name}: not a training script")
+    if (script.resolve().parent / "__init__.py").is_file() and imports_relatively(script):  # harness/run.py
         fail(f"{script} is a module of the package {script.resolve().parent.name}, not a training script")
     if output is None:
         if sys.stdout is None:  # >&-
