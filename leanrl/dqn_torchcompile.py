@@ -283,6 +283,8 @@ def make_act(policy, n_obs, device):  # trick 10: nothing to copy in or out
 
 
 def check_args(args):
+    if args.eval_checkpoint:  # the checks below are of training's sizes: evaluation plays the saved policy
+        return
     if args.num_envs != 1:
         fail(f"--num-envs {args.num_envs}: DQN runs one env, as CleanRL's dqn.py does")
     if args.buffer_size < args.batch_size:

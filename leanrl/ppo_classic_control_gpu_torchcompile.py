@@ -255,6 +255,8 @@ def check_args(args):
     _, world_size = world()
     if args.env_id not in ENVS:
         fail(f"--env-id {args.env_id!r} is not one of this script's environments: {', '.join(ENVS)}")
+    if args.eval_checkpoint:  # the checks below are of training's sizes: evaluation plays the saved policy
+        return
     batch = f"--num-envs {args.num_envs} * --num-steps {args.num_steps} = {args.num_envs * args.num_steps}"
     if args.num_envs * args.num_steps % args.num_minibatches:
         fail(f"{batch} does not split evenly into --num-minibatches {args.num_minibatches}")

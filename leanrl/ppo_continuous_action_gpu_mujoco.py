@@ -201,7 +201,9 @@ def check_args(args):
     _, world_size = world()
     if args.env_id not in ENVS:
         fail(f"--env-id {args.env_id!r} is not one of this script's environments: {', '.join(ENVS)}")
-    if args.capture_video and not args.eval_checkpoint:
+    if args.eval_checkpoint:  # the checks below are of training's sizes: evaluation plays the saved policy
+        return
+    if args.capture_video:
         fail("--capture-video records the episodes of --eval-checkpoint: the MuJoCo Warp worlds render no frames")
     batch = f"--num-envs {args.num_envs} * --num-steps {args.num_steps} = {args.num_envs * args.num_steps}"
     if args.num_envs * args.num_steps % args.num_minibatches:

@@ -71,6 +71,8 @@ STATS = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "
 
 
 def check_args(args):
+    if args.eval_checkpoint:  # the checks below are of training's sizes: evaluation plays the saved policy
+        return
     batch = f"--num-envs {args.num_envs} * --num-steps {args.num_steps} = {args.num_envs * args.num_steps}"
     if args.num_envs * args.num_steps % args.num_minibatches:  # CUDA graphs need minibatches of one size
         fail(f"{batch} does not split evenly into --num-minibatches {args.num_minibatches}")

@@ -236,6 +236,8 @@ def make_update_fns(agent, args):
 
 
 def check_args(args):
+    if args.eval_checkpoint:  # the checks below are of training's sizes: evaluation plays the saved policy
+        return
     if args.total_timesteps % args.num_envs:
         fail(f"--total-timesteps {args.total_timesteps} must be a multiple of --num-envs {args.num_envs}")
     if args.buffer_size < max(args.batch_size, args.num_envs):

@@ -269,7 +269,9 @@ def check_args(args):
     _, world_size = world()  # under torchrun --total-timesteps counts the env steps of all ranks
     if args.env_id not in ENVS:
         fail(f"--env-id {args.env_id!r} is not one of this script's environments: {', '.join(ENVS)}")
-    if args.capture_video and not args.eval_checkpoint:
+    if args.eval_checkpoint:  # the checks below are of training's sizes: evaluation plays the saved policy
+        return
+    if args.capture_video:
         fail("--capture-video records the episodes of --eval-checkpoint: the MuJoCo Warp worlds render no frames")
     for name in ("total_timesteps", "batch_size"):  # each rank steps its share of the envs and draws its share
         if getattr(args, name) % (args.num_envs * world_size):

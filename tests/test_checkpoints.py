@@ -107,6 +107,16 @@ def test_evaluation_on_an_env_the_networks_do_not_fit(workdir, capsys):
                           "Pendulum-v1) do not fit MountainCarContinuous-v0: size mismatch")  # fmt: skip
 
 
+def test_evaluation_takes_sizes_training_would_refuse(workdir, capsys):
+    """--eval-checkpoint with another --num-envs (evaluated in parallel where the script reads it): the checks of
+    training's sizes (here: one rollout of 9 x 16 steps would pass the checkpoint's --total-timesteps 128) do not
+    apply."""
+    name = "ppo_classic_control_gpu"
+    run_main(name, [*PPO_GPU, "--total-timesteps", "128", "--save-dir", "run"], capsys)
+    evaluation = load_script(name).main(["--eval-checkpoint", "run", "--eval-episodes", "1", "--num-envs", "9"])
+    assert evaluation["episodes"] == 1
+
+
 def test_evaluation_beats_a_random_policy(workdir, capsys):
     """CartPole: the greedy policy of a briefly trained run lasts far longer than random actions do (about 22)."""
     name = "ppo_classic_control_gpu"

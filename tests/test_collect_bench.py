@@ -315,6 +315,7 @@ def test_count_events():
         (["--backends", "torch-eager,pytorch"], "--backends 'pytorch'"),
         (["--env-id", "Pendulum-v1"], "--env-id 'Pendulum-v1'"),
         (["--min-seconds", "-1"], "--min-seconds -1.0"),
+        (["--min-seconds", "1e39"], "--min-seconds 1e+39 must be at most 86400"),
         (["--sweep", "x"], "--sweep"),
         (["--sweep", "sc", "--env-id", "Acrobot-v1"], "--sweep sc weighs CartPole-v1 down, not Acrobot-v1"),
         (["--state-factors", "1", "3"], "--state-factors 3 is not a power of two"),

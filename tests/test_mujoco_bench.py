@@ -108,6 +108,8 @@ def test_unavailable():
     assert unavailable("rollout", 4, cpu, mode="compile+cudagraphs") == "CUDA graphs need CUDA"
     assert unavailable("envpool", 4, cpu, "Hopper-v5") is None  # envpool's Hopper-v4
     assert "32 bits" in unavailable("envpool", 2**31, cpu, "Hopper-v5")  # not a TypeError from its constructor
+    for backend in ("warp", "rollout"):  # not the env module's error, which names the scripts' --num-envs
+        assert "32 bits" in unavailable(backend, 2**40, cpu, "Hopper-v5")
 
 
 @pytest.mark.parametrize(
@@ -122,6 +124,7 @@ def test_unavailable():
         (["--figure", "bench.svg"], "--figure bench.svg is not a .png file"),
         (["--min-seconds", "-1"], "--min-seconds -1.0 must be 0 or more"),
         (["--min-seconds", "inf"], "--min-seconds inf must be 0 or more, and finite"),
+        (["--min-seconds", "1e39"], "--min-seconds 1e+39 must be at most 86400 (a day for each measurement)"),
         (["--seed", "-5"], "--seed -5 must be 0 or more"),
         (["--device", "mps"], "--device mps is neither cpu nor cuda"),
         (["--from-records", "missing.jsonl"], "--from-records missing.jsonl: No such file"),

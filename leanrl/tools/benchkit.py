@@ -96,6 +96,9 @@ def run_measuring_tool(measure):
         sys.exit(1)
 
 
+MAX_MIN_SECONDS = 86400
+
+
 def check_measuring_options(args):
     """--min-seconds, --torch-threads, --seed and --device of a tool that measures; args.device becomes a
     torch.device."""
@@ -103,6 +106,8 @@ def check_measuring_options(args):
         fail(f"--seed {args.seed} must be 0 or more")
     if not 0 <= args.min_seconds < math.inf:
         fail(f"--min-seconds {args.min_seconds} must be 0 or more, and finite")
+    if args.min_seconds > MAX_MIN_SECONDS:  # each measurement lasts this long: a mistyped exponent would run for ever
+        fail(f"--min-seconds {args.min_seconds} must be at most {MAX_MIN_SECONDS} (a day for each measurement)")
     if args.torch_threads < 0:
         fail(f"--torch-threads {args.torch_threads} must be 0 (torch's default) or positive")
     args.device = torch_device(args.device)

@@ -105,6 +105,8 @@ def unavailable(backend, n, device, env_id=DEFAULT_ENV_ID, mode=None):
     if backend in ("warp", "rollout"):
         if MODES.get(mode, (False, False))[1] and device.type != "cuda":
             return "CUDA graphs need CUDA"
+        if n >= 2**31:  # else the env module's refusal, which names its --num-envs
+            return f"Warp counts a launch's threads in 32 bits: {n} worlds are too many"
         return load(ENVS_MODULE if backend == "warp" else SCRIPT_NAME)[1]
     return None
 
