@@ -32,6 +32,7 @@ if LEANRL not in sys.path:
 # index symbolic at its second step, within the first call. A CUDA graph needs more: see collect_warmup_calls.
 WARMUP_CALLS = 2
 COUNT_MAX_BITS = 40  # a count (envs, steps, calls) over 2^40 is a typo, and measuring it would never end
+MAX_MIN_SECONDS = 86400  # --min-seconds: each measurement lasts this long, so a mistyped exponent would never end
 
 
 # --- the command line -------------------------------------------------------------------------------------------
@@ -96,9 +97,6 @@ def run_measuring_tool(measure):
         sys.exit(1)
 
 
-MAX_MIN_SECONDS = 86400
-
-
 def check_measuring_options(args):
     """--min-seconds, --torch-threads, --seed and --device of a tool that measures; args.device becomes a
     torch.device."""
@@ -106,7 +104,7 @@ def check_measuring_options(args):
         fail(f"--seed {args.seed} must be 0 or more")
     if not 0 <= args.min_seconds < math.inf:
         fail(f"--min-seconds {args.min_seconds} must be 0 or more, and finite")
-    if args.min_seconds > MAX_MIN_SECONDS:  # each measurement lasts this long: a mistyped exponent would run for ever
+    if args.min_seconds > MAX_MIN_SECONDS:
         fail(f"--min-seconds {args.min_seconds} must be at most {MAX_MIN_SECONDS} (a day for each measurement)")
     if args.torch_threads < 0:
         fail(f"--torch-threads {args.torch_threads} must be 0 (torch's default) or positive")
