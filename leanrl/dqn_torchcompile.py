@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import torch.optim as optim
 from tensordict.nn import CudaGraphModule
 
-from harness import Run, exit_code, fail, parse_args
+from harness import Run, check_due, exit_code, fail, parse_args
 
 
 @dataclass
@@ -291,6 +291,8 @@ def check_args(args):
         fail(f"--buffer-size {args.buffer_size} must be >= --batch-size {args.batch_size}")
     if args.learning_starts >= args.total_timesteps:
         fail(f"--learning-starts {args.learning_starts} must be below --total-timesteps {args.total_timesteps}")
+    for name in ("train_frequency", "target_network_frequency"):  # env steps past --learning-starts update
+        check_due(args, name, args.learning_starts + 1, args.total_timesteps, "env steps")
     if not 0 < args.exploration_fraction <= 1:
         fail(f"--exploration-fraction {args.exploration_fraction} must be in (0, 1]")
     if max(args.start_e, args.end_e) > 1:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import torch.optim as optim
 from tensordict.nn import CudaGraphModule
 
-from harness import Run, exit_code, fail, parse_args
+from harness import Run, check_due, exit_code, fail, parse_args
 
 
 @dataclass
@@ -360,6 +360,9 @@ def check_args(args):
              f"{args.num_envs}")
     if args.learning_starts >= args.total_timesteps:
         fail(f"--learning-starts {args.learning_starts} must be below --total-timesteps {args.total_timesteps}")
+    vector_steps = (-(-args.learning_starts // args.num_envs), args.total_timesteps // args.num_envs)
+    for name in ("policy_frequency", "target_network_frequency"):
+        check_due(args, name, *vector_steps, "vector steps")
     if args.autotune and args.alpha != Args.alpha:  # CleanRL's --alpha is the coefficient of --no-autotune alone
         fail(f"--alpha {args.alpha} is the fixed coefficient of --no-autotune: with --autotune alpha is learned")
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import torch.optim as optim
 from tensordict.nn import CudaGraphModule
 
-from harness import Run, average, exit_code, fail, flat_gradients, parse_args, setup_distributed, world
+from harness import Run, average, check_due, exit_code, fail, flat_gradients, parse_args, setup_distributed, world
 from mujoco_warp_envs import ENVS, CapturableEnvs, gymnasium_env, saved_obs_rms
 
 
@@ -380,6 +380,9 @@ def check_args(args):
     for name in ("num_updates", "critic_hidden_dim", "actor_hidden_dim"):
         if getattr(args, name) < {"num_updates": 1}.get(name, 4):
             fail(f"--{name.replace('_', '-')} {getattr(args, name)} is too small")
+    all_envs, k = args.num_envs * world_size, args.num_updates  # the actor takes every --policy-frequency-th update
+    check_due(args, "policy_frequency", -(-args.learning_starts // all_envs) * k, args.total_timesteps // all_envs * k,
+              "gradient updates", offset=args.policy_frequency - 1)  # fmt: skip
     if args.num_atoms < 2 or args.v_max == 0:
         fail(f"--num-atoms {args.num_atoms} must be >= 2 and --v-max {args.v_max} positive")
     if args.std_min > args.std_max:

@@ -46,7 +46,9 @@ BAD_INPUT = [
     (["--num-envs", "3", "--total-timesteps", "1000"], ["--total-timesteps 1000", "--num-envs 3"]),
     (["--num-envs", "8", "--buffer-size", "4", "--batch-size", "4"], ["--buffer-size 4", "--num-envs 8"]),
     (["--total-timesteps", "300", "--learning-starts", "100", "--policy-frequency", "1000"],
-     ["--policy-frequency 1000 is not below --total-timesteps 300"]),  # no actor update would ever come
+     ["--policy-frequency 1000 is never due", "vector steps 100 to 299"]),  # no actor update would ever come
+    (["--num-envs", "2", "--total-timesteps", "300", "--learning-starts", "100", "--policy-frequency", "150"],
+     ["--policy-frequency 150 is never due", "vector steps 50 to 149"]),  # below the total, past the vector steps
     (["--env-id", "Pendulum"], ["--env-id Pendulum: name its version"]),
 ]
 # The statistics of a critic-only update.

@@ -44,6 +44,8 @@ BAD_INPUT = [
     (["--buffer-size", "1024"], ["--buffer-size 1024", "--batch-size 32768"]),
     (["--learning-starts", "60000000"], ["--learning-starts 60000000", "--total-timesteps 51200000"]),
     (["--num-updates", "0"], ["--num-updates 0"]),
+    (["--total-timesteps", "20480", "--learning-starts", "10240", "--policy-frequency", "50"],
+     ["--policy-frequency 50 is never due", "gradient updates 20 to 39"]),  # 1,024 envs: 10 vector steps of 2 updates
 ]
 
 

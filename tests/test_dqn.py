@@ -58,7 +58,9 @@ BAD_INPUT = [
     (["--gamma", "2"], ["--gamma"]),
     (["--total-timesteps", "1000"], ["--learning-starts", "--total-timesteps"]),
     (["--total-timesteps", "300", "--learning-starts", "100", "--target-network-frequency", "1000"],
-     ["--target-network-frequency 1000 is not below --total-timesteps 300"]),  # the target would never be synced
+     ["--target-network-frequency 1000 is never due", "env steps 101 to 299"]),  # the target would never be synced
+    (["--total-timesteps", "300", "--learning-starts", "260", "--train-frequency", "250"],
+     ["--train-frequency 250 is never due", "env steps 261 to 299"]),  # below the total, no multiple past 260
     (["--learning-rate", "1e300"], ["--learning-rate 1e+300 is beyond float32's range"]),
 ]
 

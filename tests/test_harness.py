@@ -300,6 +300,34 @@ def test_a_speed_log_that_cannot_be_written_comes_after_the_record(capsys, monke
                                             "left on device")  # fmt: skip
 
 
+@pytest.mark.parametrize("every, first, end, offset, refused", [
+    (150, 50, 150, 0, True),  # vector steps 50-149: no multiple of 150
+    (100, 50, 150, 0, False),  # 100 is one
+    (50, 20, 40, 49, True),  # gradient updates 20-39, the actor on the 50th, 100th ...: none
+    (21, 20, 40, 20, False),  # the 21st (index 20) is one
+    (10, 5, 6, 0, False),  # the script's default: kept, as CleanRL keeps it, though never due
+])
+def test_a_changed_frequency_that_is_never_due_is_refused(every, first, end, offset, refused, capsys):
+    """check_due: a frequency the user changed whose updates fall on none of the run's update steps is one error
+    line naming the flag; the script's own default is left to CleanRL's behaviour."""
+
+    @dataclasses.dataclass
+    class Args:
+        policy_frequency: int = 10
+        learning_starts: int = 100
+        total_timesteps: int = 300
+
+    args = Args(policy_frequency=every)
+    if not refused:
+        harness.check_due(args, "policy_frequency", first, end, "vector steps", offset)
+        return
+    with pytest.raises(SystemExit) as exit:
+        harness.check_due(args, "policy_frequency", first, end, "vector steps", offset)
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and err.startswith(f"error: --policy-frequency {every} is never due:")
+    assert f"vector steps {first} to {end - 1}" in err and len(err.strip().splitlines()) == 1
+
+
 def test_resume_names_the_flags_that_differ(saved, capsys):
     """A resumed run with other flags than its checkpoint's names them; one that changes the algorithm goes on only
     with --resume-anyway."""

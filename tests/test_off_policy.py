@@ -40,7 +40,9 @@ SAC = op.Algo(
     ],
     constant=lambda args: set() if args.autotune else {"log_alpha", "alpha"},
     bad_input=[(["--policy-lr", "-0.1"], ["--policy-lr -0.1"]), (["--q-lr", "0"], ["--q-lr 0"]),
-               (["--alpha", "0.1"], ["--alpha 0.1", "--no-autotune"])],  # else unused: alpha is learned
+               (["--alpha", "0.1"], ["--alpha 0.1", "--no-autotune"]),  # else unused: alpha is learned
+               (["--total-timesteps", "300", "--learning-starts", "220", "--target-network-frequency", "150"],
+                ["--target-network-frequency 150 is never due"])],  # vector steps 220-299: no multiple of 150
     extra_scalars=("alpha",),
     cpu_tol=1e-4,
 )

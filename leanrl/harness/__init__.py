@@ -2,10 +2,10 @@
 record, checkpoints, Ctrl-C and SIGTERM, and torchrun, each in a module of its own."""
 
 from .checkpoints import state_dict
-from .options import RunOptions, parse_args
+from .options import RunOptions, check_due, parse_args
 from .progress import fail
 from .run import Run, exit_code
 from .torchrun import agree, average, flat_gradients, setup_distributed, world
 
-__all__ = ["RunOptions", "Run", "agree", "average", "exit_code", "fail", "flat_gradients", "parse_args",
+__all__ = ["RunOptions", "Run", "agree", "average", "check_due", "exit_code", "fail", "flat_gradients", "parse_args",
            "setup_distributed", "state_dict", "world"]  # fmt: skip

@@ -22,7 +22,6 @@ POSITIVE = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "upda
 FRACTIONS = ("gamma", "gae_lambda", "tau")
 # Flags a resumed run may change without --resume-anyway: they change how it runs, not what it computes.
 FREE_ON_RESUME = ("total_timesteps", "compile", "cudagraphs", "compile_cache", "cuda", "capture_video")
-FREQUENCIES = ("policy_frequency", "target_network_frequency", "train_frequency")  # every N steps: N past the end, never
 PATHS = ("save_dir", "resume", "eval_checkpoint", "speed_log", "profile_dir", "compile_cache")
 FLOAT32_MAX = 3.4028234663852886e38  # the networks compute in float32: a flag's value beyond it overflows there
 SEED_MAX = 2**31 - 1  # numpy's and gymnasium's seeds end at 2**32 - 1: room for the ranks' and envs' offsets
@@ -130,11 +129,6 @@ def parse_args(Args, script_file, argv=None):
         fail(f"--seed {args.seed} must be at most {SEED_MAX} (the envs and generators seed from it, plus an offset)")
     if args.torch_threads > (os.cpu_count() or 1):  # more threads than cores: every op waits for them
         fail(f"--torch-threads {args.torch_threads}: this machine has {os.cpu_count()} cores (0: torch's default)")
-    given = {token.split("=")[0].replace("_", "-") for token in argv}
-    for name in FREQUENCIES:  # the user's own value: a default past a short run's end is CleanRL's behaviour
-        if flag(name) in given and getattr(args, name) >= args.total_timesteps:
-            fail(f"{flag(name)} {getattr(args, name)} is not below --total-timesteps {args.total_timesteps}: that "
-                 "update would never happen")  # fmt: skip
     if args.save_every and not args.save_dir:
         fail(f"--save-every {args.save_every} needs --save-dir")
     if args.track and not args.tensorboard:
@@ -142,6 +136,17 @@ def parse_args(Args, script_file, argv=None):
     if getattr(args, "compile_cache", None):
         kernel_caches_in(args.compile_cache)
     return args, checkpoint
+
+
+def check_due(args, name, first, end, unit, offset=0):
+    """A frequency the user changed must fall on one of the steps first..end-1 that update (counted in unit: each
+    script counts its own), those with step % frequency == offset; else a one-line error, not a run without that
+    update. The script's default may miss a short run's updates: CleanRL's behaviour."""
+    every = getattr(args, name)
+    if every != next(f.default for f in fields(args) if f.name == name) and first + (offset - first) % every >= end:
+        fail(f"{flag(name)} {every} is never due: after --learning-starts {args.learning_starts}, --total-timesteps "
+             f"{args.total_timesteps} leaves {unit} {first} to {end - 1} to update, and it acts on one in every "
+             f"{every}")  # fmt: skip
 
 
 def run_name(args):
