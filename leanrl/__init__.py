@@ -1,7 +1,9 @@
-"""The training scripts run as files (`python leanrl/dqn.py`, as CleanRL's) or as modules (`python -m leanrl.dqn`):
-either way the modules they import (the harness, the env modules) are found beside them."""
+"""The training scripts and tools run as files (`python leanrl/dqn.py`, as CleanRL's) or as modules (`python -m
+leanrl.dqn`, `python -m leanrl.tools.bundle`): either way what they import (the harness, the env modules, the tools'
+benchkit) is found beside them."""
 
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "tools")]

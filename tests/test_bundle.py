@@ -410,8 +410,7 @@ def test_the_collections_modules_are_refused(tmp_path, capsys):
     file written. The scripts themselves, in the package leanrl (for `python -m leanrl.dqn`), are."""
     for module, fragment in (("harness/run.py", "a module of the package harness"),
                              ("mujoco_warp_envs.py", "defines names and runs nothing"),
-                             ("__init__.py", "sets up the package leanrl"),
-                             ("tools/__init__.py", "sets up the package tools")):  # fmt: skip
+                             ("__init__.py", "sets up the package leanrl")):  # fmt: skip
         proc = bundle_main([ROOT / "leanrl" / module, "-o", tmp_path / "out.py"], capsys)
         assert_one_line_error(proc, fragment, "not a training script")
         assert not (tmp_path / "out.py").exists()

@@ -164,10 +164,14 @@ def test_harness_names_imported(path):
 
 
 def test_a_script_runs_as_a_module_too(tmp_path):
-    """`python -m leanrl.dqn` as well as `python leanrl/dqn.py`: the package puts the modules the scripts import on
-    the path. From a scratch folder, the repository on PYTHONPATH (as its root is when run from there)."""
+    """`python -m leanrl.dqn` as well as `python leanrl/dqn.py`, and a tool (`python -m leanrl.tools.scaling_bench`):
+    the package puts the modules the scripts and tools import on the path. From a scratch folder, the repository on
+    PYTHONPATH (as its root is when run from there)."""
     proc = subprocess.run([sys.executable, "-m", "leanrl.dqn", "--total-timesteps", "300", "--learning-starts", "100",
                            "--no-tensorboard"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1])["total_timesteps"] == 300
+    tool = subprocess.run([sys.executable, "-m", "leanrl.tools.scaling_bench", "--help"], cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600)
+    assert tool.returncode == 0 and "usage: scaling_bench.py" in tool.stdout, tool.stderr  # benchkit found beside it

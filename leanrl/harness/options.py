@@ -143,7 +143,8 @@ def check_due(args, name, first, end, unit, offset=0):
     script counts its own), those with step % frequency == offset; else a one-line error, not a run without that
     update. The script's default may miss a short run's updates: CleanRL's behaviour."""
     every = getattr(args, name)
-    if every != next(f.default for f in fields(args) if f.name == name) and first + (offset - first) % every >= end:
+    due = first + (offset - first) % every  # the first step from first on with step % every == offset
+    if every != next(f.default for f in fields(args) if f.name == name) and due >= end:
         fail(f"{flag(name)} {every} is never due: after --learning-starts {args.learning_starts}, --total-timesteps "
              f"{args.total_timesteps} leaves {unit} {first} to {end - 1} to update, and it acts on one in every "
              f"{every}")  # fmt: skip
