@@ -197,9 +197,9 @@ def make_update_fns(agent, args):
 
 
 def check_args(args):
+    """What the harness's range checks leave: minibatches of one size, at least one whole rollout, the fractions."""
     if args.eval_checkpoint:  # the checks below are of training's sizes: evaluation plays the saved policy
         return
-    """What the harness's range checks leave: minibatches of one size, at least one whole rollout, the fractions."""
     batch_size = args.num_envs * args.num_steps
     batch = f"--num-envs {args.num_envs} * --num-steps {args.num_steps} = {batch_size}"
     if batch_size % args.num_minibatches:
