@@ -39,6 +39,9 @@ class Args:  # the algorithm's flags; parse_args adds the run options every scri
     the global batch: each rank draws --batch-size // ranks from its own buffer"""
     num_updates: int = 2
     """the gradient updates per env step (of all envs)"""
+    num_steps: int = 1
+    """the steps of the critics' n-step return (FastTD3's --num-steps): rewards of up to --num-steps steps of an env,
+    discounted, cut where its episode ends, then the discounted value; 1: the one-step target"""
     learning_starts: int = 10240
     """timestep to start learning (env steps of all ranks under torchrun, as --total-timesteps)"""
     policy_lr: float = 3e-4
@@ -144,29 +147,52 @@ class Actor(nn.Module):
 
 class ReplayBuffer:  # trick 7: no host sync, where the next rows go and how many are held: on the device
     """FastSAC's buffer (FastTD3's) on the device: per-env circular storage, rows [obs, action, reward, next_obs,
-    done] of buffer_size // num_envs steps of each env; a sample draws batch_size // num_envs of each env's rows, with
-    replacement. Observations are stored raw and normalised when sampled. Where the next rows go and how many
-    are held: device tensors, which captured graphs read and advance."""
+    terminated, truncated] of buffer_size // num_envs steps of each env; a sample draws batch_size // num_envs of each
+    env's rows, with replacement. Observations are stored raw and normalised when sampled. Where the next rows go and
+    how many are held: device tensors, which captured graphs read and advance."""
 
-    def __init__(self, size, num_envs, n_obs, n_act, device):
-        self.widths = [n_obs, n_act, 1, n_obs, 1]
+    def __init__(self, size, num_envs, n_obs, n_act, num_steps, gamma, device):
+        self.widths = [n_obs, n_act, 1, n_obs, 1, 1]
         self.storage = torch.zeros(size // num_envs, num_envs, sum(self.widths), device=device)
         self.envs = torch.arange(num_envs, device=device)
+        self.num_steps, self.gamma = num_steps, gamma
         self.ptr = torch.zeros(1, dtype=torch.long, device=device)
         self.size = torch.zeros(1, dtype=torch.long, device=device)
 
-    def add(self, obs, actions, rewards, next_obs, dones):
-        rows = torch.cat([obs, actions, rewards[:, None], next_obs, dones[:, None].float()], 1)
+    def add(self, obs, actions, rewards, next_obs, terminations, truncations):
+        ends = terminations[:, None].float(), truncations[:, None].float()
+        rows = torch.cat([obs, actions, rewards[:, None], next_obs, *ends], 1)
         self.storage.index_copy_(0, self.ptr, rows[None])
         self.ptr.add_(1).remainder_(len(self.storage))
         self.size.add_(1).clamp_(max=len(self.storage))
 
     def sample(self, batch_size):
+        """batch_size transitions, as (obs, actions, rewards, next_obs, discounts): with num_steps > 1 n-step ones
+        (n_step_returns); discounts weighs the value of next_obs in the critics' target."""
         # Uniform with the size on the device: 62-bit draws modulo the size (a relative bias below 2**-40).
         shape = (batch_size // len(self.envs), len(self.envs))
         idx = torch.randint(0, 2**62, shape, device=self.envs.device).remainder_(self.size)
-        obs, actions, rewards, next_obs, dones = self.storage[idx, self.envs].flatten(0, 1).split(self.widths, dim=1)
-        return obs, actions, rewards.flatten(), next_obs, dones.flatten()
+        obs, actions, *rest = self.storage[idx, self.envs].split(self.widths, dim=-1)
+        rewards, next_obs, discounts = self.n_step_returns(idx, *rest)
+        return obs.flatten(0, 1), actions.flatten(0, 1), rewards.flatten(), next_obs.flatten(0, 1), discounts.flatten()
+
+    def n_step_returns(self, idx, rewards, next_obs, terminated, truncated):
+        """From the rows at idx on, up to num_steps rows of each env (FastTD3's --num-steps): their rewards
+        discounted, the last one's next observation, and gamma ** steps, 0 where the last terminated. A window ends
+        with its episode and at its env's newest row (the rows after it are older)."""
+        discounts = torch.full_like(rewards, self.gamma)  # gamma ** the steps of the window so far
+        newer = (self.ptr - 1 - idx).remainder(len(self.storage))[..., None]  # the rows of its env stored after it
+        going, ended = torch.ones_like(rewards, dtype=torch.bool), terminated + truncated > 0
+        for k in range(1, self.num_steps):
+            going = going & ~ended & (newer >= k)  # the window takes the k-th row after idx
+            later = self.storage[:, :, sum(self.widths[:2]) :][(idx + k) % len(self.storage), self.envs]
+            reward, later_next_obs, later_terminated, later_truncated = later.split(self.widths[2:], dim=-1)
+            rewards = torch.where(going, rewards + discounts * reward, rewards)
+            discounts = torch.where(going, discounts * self.gamma, discounts)
+            next_obs = torch.where(going, later_next_obs, next_obs)
+            terminated = torch.where(going, later_terminated, terminated)
+            ended = later_terminated + later_truncated > 0
+        return rewards, next_obs, (1 - terminated) * discounts
 
     def state_dict(self):
         """The filled rows, and where the next transitions go."""
@@ -248,7 +274,7 @@ def make_update_fns(agent, args):
     (FastSAC's); and the policy that acts. --compile compiles each; under torchrun the critics', the actor's and the
     entropy coefficient's are averaged."""
 
-    def update_critic(obs, actions, rewards, next_obs, dones):
+    def update_critic(obs, actions, rewards, next_obs, discounts):
         alpha = agent.log_alpha.detach().exp()
         with autocast(args, obs.device):
             with torch.no_grad():
@@ -257,7 +283,7 @@ def make_update_fns(agent, args):
                 # trick 4: vmapped ensemble: both targets at once
                 qf_next_target = agent.qvalues(agent.qnet_target, next_obs, next_state_actions)
                 min_qf_next_target = qf_next_target.min(0).values - alpha * next_state_log_pi
-                next_q_value = rewards + (1 - dones) * args.gamma * min_qf_next_target.view(-1)
+                next_q_value = rewards + discounts * min_qf_next_target.view(-1)
             qf1_a_values, qf2_a_values = agent.qvalues(agent.qnet_params, obs, actions).view(2, -1)
             qf1_loss = F.mse_loss(qf1_a_values, next_q_value)
             qf2_loss = F.mse_loss(qf2_a_values, next_q_value)
@@ -330,9 +356,9 @@ def make_collect(policy, envs, rb, obs, args):  # trick 15: the rollout captured
 
     def collect():
         actions = policy(envs.obs_rms.normalize(obs))
-        next_obs, final_obs, rewards, terminations, _ = envs.step_raw(actions)
-        # A finished episode's last transition keeps its true final observation; a truncation is no end.
-        rb.add(obs, actions, rewards, final_obs, terminations)
+        next_obs, final_obs, rewards, terminations, truncations = envs.step_raw(actions)
+        # A finished episode's last transition keeps its true final observation: a truncated one bootstraps from it.
+        rb.add(obs, actions, rewards, final_obs, terminations, truncations)
         envs.obs_rms.update(next_obs)
         obs.copy_(next_obs)
 
@@ -349,9 +375,9 @@ def make_train_step(rb, obs_rms, update_critic, update_actor, update_targets, ar
 
     def step(pattern):
         for actor_update in pattern:
-            obs, actions, rewards, next_obs, dones = rb.sample(batch_size)
+            obs, actions, rewards, next_obs, discounts = rb.sample(batch_size)
             obs, next_obs = obs_rms.normalize(obs), obs_rms.normalize(next_obs)
-            outputs = update_critic(obs, actions, rewards, next_obs, dones)
+            outputs = update_critic(obs, actions, rewards, next_obs, discounts)
             if actor_update:  # delayed policy updates
                 outputs.update(update_actor(obs))
             update_targets()
@@ -387,8 +413,8 @@ def check_args(args):
              f"{args.num_envs}")  # fmt: skip
     if args.learning_starts >= args.total_timesteps:
         fail(f"--learning-starts {args.learning_starts} must be below --total-timesteps {args.total_timesteps}")
-    for name in ("num_updates", "critic_hidden_dim", "actor_hidden_dim"):
-        if getattr(args, name) < {"num_updates": 1}.get(name, 4):
+    for name in ("num_updates", "num_steps", "critic_hidden_dim", "actor_hidden_dim"):
+        if getattr(args, name) < {"num_updates": 1, "num_steps": 1}.get(name, 4):
             fail(f"--{name.replace('_', '-')} {getattr(args, name)} is too small")
     all_envs, k = args.num_envs * world_size, args.num_updates  # the actor takes every --policy-frequency-th update
     check_due(args, "policy_frequency", -(-args.learning_starts // all_envs) * k, args.total_timesteps // all_envs * k,
@@ -412,7 +438,7 @@ def train(args, run):
     n_obs, n_act = envs.obs.shape[1], envs.n_act  # envs.obs_rms: statistics of the first observations
     agent = Agent(args, n_obs, n_act, envs.low, envs.high, device)
     update_critic, update_actor, update_targets, policy = make_update_fns(agent, args)
-    rb = ReplayBuffer(args.buffer_size, n_envs, n_obs, n_act, device)
+    rb = ReplayBuffer(args.buffer_size, n_envs, n_obs, n_act, args.num_steps, args.gamma, device)
     obs = envs.observe(fresh=torch.ones(n_envs, dtype=torch.bool, device=device))  # raw; updated in place
     collect = make_collect(policy, envs, rb, obs, args)
     train_step, stats = make_train_step(rb, envs.obs_rms, update_critic, update_actor, update_targets, args)

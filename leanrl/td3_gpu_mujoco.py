@@ -41,6 +41,9 @@ class Args:  # the algorithm's flags; parse_args adds the run options every scri
     the global batch: each rank draws --batch-size // ranks from its own buffer"""
     num_updates: int = 2
     """the gradient updates per env step (of all envs)"""
+    num_steps: int = 1
+    """the steps of the critics' n-step return (FastTD3's --num-steps): rewards of up to --num-steps steps of an env,
+    discounted, cut where its episode ends, then the discounted value; 1: the one-step target"""
     policy_noise: float = 0.001
     """the scale of policy noise"""
     noise_clip: float = 0.5
@@ -120,11 +123,11 @@ class Actor(nn.Module):
         return x * self.action_scale + self.action_bias
 
 
-def project(probs, rewards, bootstrap, gamma, support):
-    """C51's projection (FastTD3's): the distribution of rewards + gamma * bootstrap * Z, Z ~ probs over `support`
+def project(probs, rewards, discounts, support):
+    """C51's projection (FastTD3's): the distribution of rewards + discounts * Z, Z ~ probs over `support`
     (leading dimensions of probs kept), clipped to the support and split between the two atoms around each value."""
     v_min, v_max, num_atoms = support[0], support[-1], len(support)
-    target_z = (rewards[:, None] + bootstrap[:, None] * gamma * support).clamp(v_min, v_max)
+    target_z = (rewards[:, None] + discounts[:, None] * support).clamp(v_min, v_max)
     b = (target_z - v_min) / ((v_max - v_min) / (num_atoms - 1))
     lower, upper = b.floor().long(), b.ceil().long()
     # A value on an atom: all its mass there (lower and upper moved apart, the weight of the moved one is 0).
@@ -136,25 +139,48 @@ def project(probs, rewards, bootstrap, gamma, support):
 
 
 class ReplayBuffer:
-    """FastTD3's buffer on the device: per-env circular storage, rows [obs, action, reward, next_obs, done] of
-    buffer_size // num_envs steps of each env; a sample draws batch_size // num_envs of each env's rows, with
-    replacement. Observations are stored raw and normalised when sampled."""
+    """FastTD3's buffer on the device: per-env circular storage, rows [obs, action, reward, next_obs, terminated,
+    truncated] of buffer_size // num_envs steps of each env; a sample draws batch_size // num_envs of each env's rows,
+    with replacement. Observations are stored raw and normalised when sampled."""
 
-    def __init__(self, size, num_envs, n_obs, n_act, device):
-        self.widths = [n_obs, n_act, 1, n_obs, 1]
+    def __init__(self, size, num_envs, n_obs, n_act, num_steps, gamma, device):
+        self.widths = [n_obs, n_act, 1, n_obs, 1, 1]
         self.storage = torch.zeros(size // num_envs, num_envs, sum(self.widths), device=device)
         self.envs = torch.arange(num_envs, device=device)
+        self.num_steps, self.gamma = num_steps, gamma
         self.ptr, self.size = 0, 0
 
-    def add(self, obs, actions, rewards, next_obs, dones):
-        self.storage[self.ptr] = torch.cat([obs, actions, rewards[:, None], next_obs, dones[:, None].float()], 1)
+    def add(self, obs, actions, rewards, next_obs, terminations, truncations):
+        ends = terminations[:, None].float(), truncations[:, None].float()
+        self.storage[self.ptr] = torch.cat([obs, actions, rewards[:, None], next_obs, *ends], 1)
         self.ptr = (self.ptr + 1) % len(self.storage)
         self.size = min(self.size + 1, len(self.storage))
 
     def sample(self, batch_size):
+        """batch_size transitions, as (obs, actions, rewards, next_obs, discounts): with num_steps > 1 n-step ones
+        (n_step_returns); discounts weighs the value of next_obs in the critics' target."""
         idx = torch.randint(0, self.size, (batch_size // len(self.envs), len(self.envs)), device=self.envs.device)
-        obs, actions, rewards, next_obs, dones = self.storage[idx, self.envs].flatten(0, 1).split(self.widths, dim=1)
-        return obs, actions, rewards.flatten(), next_obs, dones.flatten()
+        obs, actions, *rest = self.storage[idx, self.envs].split(self.widths, dim=-1)
+        rewards, next_obs, discounts = self.n_step_returns(idx, *rest)
+        return obs.flatten(0, 1), actions.flatten(0, 1), rewards.flatten(), next_obs.flatten(0, 1), discounts.flatten()
+
+    def n_step_returns(self, idx, rewards, next_obs, terminated, truncated):
+        """From the rows at idx on, up to num_steps rows of each env (FastTD3's --num-steps): their rewards
+        discounted, the last one's next observation, and gamma ** steps, 0 where the last terminated. A window ends
+        with its episode and at its env's newest row (the rows after it are older)."""
+        discounts = torch.full_like(rewards, self.gamma)  # gamma ** the steps of the window so far
+        newer = (self.ptr - 1 - idx).remainder(len(self.storage))[..., None]  # the rows of its env stored after it
+        going, ended = torch.ones_like(rewards, dtype=torch.bool), terminated + truncated > 0
+        for k in range(1, self.num_steps):
+            going = going & ~ended & (newer >= k)  # the window takes the k-th row after idx
+            later = self.storage[:, :, sum(self.widths[:2]) :][(idx + k) % len(self.storage), self.envs]
+            reward, later_next_obs, later_terminated, later_truncated = later.split(self.widths[2:], dim=-1)
+            rewards = torch.where(going, rewards + discounts * reward, rewards)
+            discounts = torch.where(going, discounts * self.gamma, discounts)
+            next_obs = torch.where(going, later_next_obs, next_obs)
+            terminated = torch.where(going, later_terminated, terminated)
+            ended = later_terminated + later_truncated > 0
+        return rewards, next_obs, (1 - terminated) * discounts
 
     def state_dict(self):
         """The filled rows, and where the next transitions go."""
@@ -202,7 +228,7 @@ def make_update_fns(agent, args):
     """The steps of an update on a batch of normalised observations: the critics; the delayed actor step; the soft
     update of the critics' targets, after every gradient update (FastTD3's)."""
 
-    def update_critic(obs, actions, rewards, next_obs, dones):
+    def update_critic(obs, actions, rewards, next_obs, discounts):
         with autocast(args, agent.support.device):
             with torch.no_grad():
                 # Target policy smoothing: clipped noise on the actor's action (FastTD3: the actor itself, no target).
@@ -212,8 +238,8 @@ def make_update_fns(agent, args):
                 # Both targets' distributions projected onto the support; clipped double Q: per sample, the one of the
                 # smaller expected value.
                 projected = [
-                    project(F.softmax(target(next_obs, next_state_actions), -1), rewards, 1 - dones, args.gamma,
-                            agent.support) for target in (agent.qf1_target, agent.qf2_target)
+                    project(F.softmax(target(next_obs, next_state_actions), -1), rewards, discounts, agent.support)
+                    for target in (agent.qf1_target, agent.qf2_target)
                 ]  # fmt: skip
                 smaller = (projected[0] * agent.support).sum(1) < (projected[1] * agent.support).sum(1)
                 target_dist = torch.where(smaller[:, None], projected[0], projected[1])
@@ -282,8 +308,8 @@ def check_args(args):
              f"{args.num_envs}")  # fmt: skip
     if args.learning_starts >= args.total_timesteps:
         fail(f"--learning-starts {args.learning_starts} must be below --total-timesteps {args.total_timesteps}")
-    for name in ("num_updates", "critic_hidden_dim", "actor_hidden_dim"):
-        if getattr(args, name) < {"num_updates": 1}.get(name, 4):
+    for name in ("num_updates", "num_steps", "critic_hidden_dim", "actor_hidden_dim"):
+        if getattr(args, name) < {"num_updates": 1, "num_steps": 1}.get(name, 4):
             fail(f"--{name.replace('_', '-')} {getattr(args, name)} is too small")
     all_envs, k = args.num_envs * world_size, args.num_updates  # the actor takes every --policy-frequency-th update
     check_due(args, "policy_frequency", -(-args.learning_starts // all_envs) * k, args.total_timesteps // all_envs * k,
@@ -309,7 +335,7 @@ def train(args, run):
     n_obs, n_act, obs_rms = envs.obs.shape[1], envs.n_act, envs.obs_rms  # statistics of the first observations
     agent = Agent(args, n_obs, n_act, envs.low, envs.high, device)
     update_critic, update_actor, update_targets = make_update_fns(agent, args)
-    rb = ReplayBuffer(args.buffer_size, n_envs, n_obs, n_act, device)
+    rb = ReplayBuffer(args.buffer_size, n_envs, n_obs, n_act, args.num_steps, args.gamma, device)
     obs = envs.observe(fresh=torch.ones(n_envs, dtype=torch.bool, device=device))  # raw; updated in place
     noise_scales = draw_noise_scales(args, n_envs, device)
     stats = {}  # the latest value of each of STATS
@@ -330,8 +356,8 @@ def train(args, run):
         phase("env_step")
         next_obs, final_obs, rewards, terminations, truncations = envs.step_raw(actions)
         phase("data")
-        # A finished episode's last transition keeps its true final observation; a truncation is no end.
-        rb.add(obs, actions, rewards, final_obs, terminations)
+        # A finished episode's last transition keeps its true final observation: a truncated one bootstraps from it.
+        rb.add(obs, actions, rewards, final_obs, terminations, truncations)
         obs_rms.update(next_obs)
         obs.copy_(next_obs)
         # An env that reset draws its noise scale again (drawn for every env: the same random stream).
@@ -340,10 +366,10 @@ def train(args, run):
         if global_step >= args.learning_starts:
             for actor_update in actor_updates(args, global_step // all_envs):
                 phase("data")
-                b_obs, b_actions, b_rewards, b_next_obs, b_dones = rb.sample(batch_size)
+                b_obs, b_actions, b_rewards, b_next_obs, b_discounts = rb.sample(batch_size)
                 b_obs, b_next_obs = obs_rms.normalize(b_obs), obs_rms.normalize(b_next_obs)
                 phase("update")
-                stats.update(update_critic(b_obs, b_actions, b_rewards, b_next_obs, b_dones))
+                stats.update(update_critic(b_obs, b_actions, b_rewards, b_next_obs, b_discounts))
                 if actor_update:  # delayed policy updates
                     stats.update(update_actor(b_obs))
                 update_targets()

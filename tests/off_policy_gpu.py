@@ -32,9 +32,12 @@ LOW, HIGH = torch.tensor([-1.0, -2.0]), torch.tensor([1.0, 3.0])  # bounds of di
 TINY = ["--env-id", "Hopper-v5", "--num-envs", "4", "--batch-size", "16", "--buffer-size", "400", "--learning-starts",
         "40", "--total-timesteps", "100", "--critic-hidden-dim", "32", "--actor-hidden-dim", "16", "--no-tensorboard"]
 # The baseline's runs, in fp32 and with --amp, and the twin's modes (--cudagraphs falls back to no graphs on the CPU).
-BASELINE_RUNS = [pytest.param([], id="fp32"), pytest.param(["--amp"], id="amp")]
+# Each also with 3-step returns, which reach across the episodes that end in these runs.
+BASELINE_RUNS = [pytest.param([], id="fp32"), pytest.param(["--amp"], id="amp"),
+                 pytest.param(["--num-steps", "3"], id="num-steps-3")]  # fmt: skip
 TWIN_MODES = [], ["--cudagraphs"], ["--compile", "--cudagraphs"], ["--amp"]
-TWIN_RUNS = [pytest.param(mode, id=mode_id(mode)) for mode in TWIN_MODES]
+TWIN_RUNS = [pytest.param(mode, id=mode_id(mode)) for mode in TWIN_MODES] + [
+    pytest.param(["--num-steps", "3"], id="num-steps-3")]
 # Bad input that both twins refuse: (argv, fragments the error line must name).
 BAD_INPUT = [
     (["--env-id", "HumanoidStandup-v5"], ["--env-id 'HumanoidStandup-v5'"]),
@@ -44,6 +47,7 @@ BAD_INPUT = [
     (["--buffer-size", "1024"], ["--buffer-size 1024", "--batch-size 32768"]),
     (["--learning-starts", "60000000"], ["--learning-starts 60000000", "--total-timesteps 51200000"]),
     (["--num-updates", "0"], ["--num-updates 0"]),
+    (["--num-steps", "0"], ["--num-steps 0"]),
     (["--total-timesteps", "20480", "--learning-starts", "10240", "--policy-frequency", "50"],
      ["--policy-frequency 50 is never due", "gradient updates 20 to 39"]),  # 1,024 envs: 10 vector steps of 2 updates
 ]
@@ -106,12 +110,12 @@ def trained_state(algo, agent_b, agent_f):
 
 def random_batch(rng):
     """Normalised observations, actions within the bounds (some on them), rewards of a few units that reach past the
-    support of TD3's small critics, and some episodes ended."""
+    support of TD3's small critics, and discounts: some episodes ended, some transitions of 1, 2 or 3 steps."""
     obs, next_obs = (torch.as_tensor(rng.standard_normal((BATCH, N_OBS)), dtype=torch.float32) for _ in range(2))
     actions = torch.as_tensor(rng.uniform(LOW, HIGH, (BATCH, N_ACT)), dtype=torch.float32).clamp(LOW * 0.9, HIGH * 0.9)
     rewards = torch.as_tensor(rng.normal(0, 4, BATCH), dtype=torch.float32)
-    dones = torch.as_tensor(rng.random(BATCH) < 0.2, dtype=torch.float32)
-    return obs, actions, rewards, next_obs, dones
+    discounts = 0.99 ** torch.as_tensor(rng.integers(1, 4, BATCH)) * torch.as_tensor(rng.random(BATCH) >= 0.2)
+    return obs, actions, rewards, next_obs, discounts.float()
 
 
 def check_update_equivalence(algo, compile, **kwargs):
@@ -166,21 +170,59 @@ def check_amp_update(algo, **kwargs):
 
 def check_buffer_per_env_storage(name):
     """Each step writes one slot of every env, circularly (buffer_size // num_envs slots); a sample draws the same
-    number of rows of each env, all of them stored ones; a resumed buffer holds the saved rows."""
-    rb = load_script(name).ReplayBuffer(12, 4, 2, 1, CPU)  # 3 slots of 4 envs
+    number of rows of each env, all of them stored ones, with one-step discounts gamma, 0 after a termination (not
+    after a truncation); a resumed buffer holds the saved rows."""
+    rb = load_script(name).ReplayBuffer(12, 4, 2, 1, 1, 0.9, CPU)  # 3 slots of 4 envs
     for t in range(5):
         obs = torch.arange(4.0)[:, None] * 100 + t + torch.zeros(4, 2)  # env * 100 + step
-        rb.add(obs, torch.full((4, 1), t), torch.full((4,), float(t)), obs + 0.5, torch.zeros(4))
+        ends = torch.tensor([t == 3, False, False, False]), torch.tensor([False, t == 4, False, False])
+        rb.add(obs, torch.full((4, 1), t), torch.full((4,), float(t)), obs + 0.5, *ends)
     assert int(rb.size) == 3 and int(rb.ptr) == 2
     torch.manual_seed(0)
-    obs, _, rewards, next_obs, dones = rb.sample(400)
+    obs, _, rewards, next_obs, discounts = rb.sample(400)
     envs, steps = (obs[:, 0] // 100).long(), obs[:, 0] % 100
     assert torch.equal(envs.view(100, 4), torch.arange(4).expand(100, 4))  # 100 rows of each env
     assert set(steps.tolist()) == {2.0, 3.0, 4.0}  # the last three steps, the first two overwritten
-    assert torch.equal(rewards, steps) and torch.equal(next_obs, obs + 0.5) and rewards.shape == dones.shape == (400,)
-    copy = load_script(name).ReplayBuffer(12, 4, 2, 1, CPU)
+    assert torch.equal(rewards, steps) and torch.equal(next_obs, obs + 0.5) and rewards.shape == discounts.shape == (400,)
+    terminated = (envs == 0) & (steps == 3)
+    assert torch.equal(discounts, torch.where(terminated, 0.0, torch.tensor(0.9))) and terminated.any()
+    copy = load_script(name).ReplayBuffer(12, 4, 2, 1, 1, 0.9, CPU)
     copy.load_state_dict(rb.state_dict())
     assert torch.equal(copy.storage, rb.storage) and int(copy.ptr) == 2 and int(copy.size) == 3
+
+
+def check_n_step_returns(name):
+    """With 3-step returns a sample is the rewards of up to 3 steps of its env from the drawn row on, discounted, the
+    last one's next observation, and gamma ** steps, 0 where that one terminated: a window ends with its episode (a
+    termination or a truncation) and at its env's newest row, after the circular storage wrapped too. Every sampled
+    row against a step-by-step reference from the transitions as they were added."""
+    gamma, slots, n_envs, steps = 0.5, 6, 3, 9  # the first 3 steps overwritten
+    rb = load_script(name).ReplayBuffer(slots * n_envs, n_envs, 2, 1, 3, gamma, CPU)
+    rng, added = np.random.default_rng(0), {}  # (env, step): (reward, terminated, truncated)
+    for t in range(steps):
+        obs = torch.arange(float(n_envs))[:, None] * 100 + t + torch.zeros(n_envs, 2)  # env * 100 + step
+        rewards = torch.as_tensor(rng.normal(size=n_envs), dtype=torch.float32)
+        terminated = torch.as_tensor(rng.random(n_envs) < 0.25)
+        truncated = torch.as_tensor(rng.random(n_envs) < 0.25) & ~terminated
+        rb.add(obs, torch.zeros(n_envs, 1), rewards, obs + 0.5, terminated, truncated)
+        added.update({(env, t): (rewards[env].item(), bool(terminated[env]), bool(truncated[env])) for env in range(3)})
+    torch.manual_seed(0)
+    obs, _, rewards, next_obs, discounts = rb.sample(n_envs * 300)
+    windows = set()
+    for first, reward, last, discount in zip(obs[:, 0], rewards, next_obs[:, 0], discounts, strict=True):
+        env, t = divmod(int(first), 100)
+        expected, scale, steps_taken = 0.0, 1.0, 0
+        while True:
+            step_reward, terminated, truncated = added[env, t + steps_taken]
+            expected, scale, steps_taken = expected + scale * step_reward, scale * gamma, steps_taken + 1
+            if terminated or truncated or t + steps_taken == steps or steps_taken == 3:
+                break
+        assert reward.item() == pytest.approx(expected, abs=1e-6), (env, t)
+        assert last.item() == env * 100 + t + steps_taken - 1 + 0.5, (env, t)
+        assert discount.item() == (0.0 if terminated else scale), (env, t)
+        windows.add((t, steps_taken, terminated))
+    assert {t for t, _, _ in windows} == {3, 4, 5, 6, 7, 8}  # every stored step drawn, none overwritten
+    assert {(n, terminated) for _, n, terminated in windows} >= {(1, True), (2, True), (3, False), (1, False)}
 
 
 def check_baseline_runs(algo, amp, capsys):
@@ -224,7 +266,7 @@ def bandit_batch(n=256):
     obs = torch.randn(n, N_OBS)
     actions = torch.rand(n, N_ACT) * 2 - 1
     rewards = 1 - (actions - torch.tanh(obs[:, :1])).square().sum(1)
-    return obs, actions, rewards, torch.randn(n, N_OBS), torch.ones(n)
+    return obs, actions, rewards, torch.randn(n, N_OBS), torch.zeros(n)
 
 
 def bandit_runs(algo):
@@ -245,7 +287,7 @@ def bandit_progress(algo, name, broken=False, amp=False):
     torch.manual_seed(0)
     agent = module.Agent(args, N_OBS, N_ACT, *box, CPU)
     update_critic, update_actor, update_targets, *_ = module.make_update_fns(agent, args)
-    obs, actions, rewards, next_obs, dones = bandit_batch()
+    obs, actions, rewards, next_obs, discounts = bandit_batch()
 
     def measure():
         with torch.no_grad():
@@ -264,7 +306,7 @@ def bandit_progress(algo, name, broken=False, amp=False):
 
     before = measure()
     for i in range(300):
-        update_critic(obs, actions, rewards, next_obs, dones)
+        update_critic(obs, actions, rewards, next_obs, discounts)
         if i % 2:
             (descending if broken else update_actor)(obs)
         update_targets()

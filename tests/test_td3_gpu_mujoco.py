@@ -48,14 +48,14 @@ TD3 = opg.Algo(
 )
 
 
-def reference_projection(probs, rewards, bootstrap, gamma, support):
+def reference_projection(probs, rewards, discounts, support):
     """C51's projection written out atom by atom: each atom's value moved, clipped, and its mass split between the
     two atoms around it in proportion to the distance, all of it on an atom it lands on."""
     v_min, v_max, n = support[0].item(), support[-1].item(), len(support)
     dz, out = (v_max - v_min) / (n - 1), np.zeros(probs.shape)
     for i in range(probs.shape[0]):
         for j in range(n):
-            value = min(max(rewards[i].item() + bootstrap[i].item() * gamma * support[j].item(), v_min), v_max)
+            value = min(max(rewards[i].item() + discounts[i].item() * support[j].item(), v_min), v_max)
             b = (value - v_min) / dz
             lower = int(np.floor(b))
             if abs(b - round(b)) < 1e-9:
@@ -75,18 +75,18 @@ def test_projection_matches_reference(name):
     torch.manual_seed(0)
     probs = torch.softmax(torch.randn(6, 11), -1)
     rewards = torch.tensor([0.3, -7.0, 9.0, 2.0, -1.0, 0.05])
-    bootstrap = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 1.0])
-    projected = project(probs, rewards, bootstrap, 0.9, support)
-    expected = reference_projection(probs, rewards, bootstrap, 0.9, support)
+    discounts = torch.tensor([0.9, 0.81, 0.9, 0.0, 0.0, 0.729])  # 1 to 3 steps of gamma 0.9; episodes ended
+    projected = project(probs, rewards, discounts, support)
+    expected = reference_projection(probs, rewards, discounts, support)
     np.testing.assert_allclose(projected.numpy(), expected, atol=1e-6)
     np.testing.assert_allclose(projected.sum(1).numpy(), 1.0, atol=1e-6)  # no mass lost
     assert projected[3].argmax() == 7 and projected[3, 7] == pytest.approx(1.0)  # reward 2, no bootstrap: atom 2
-    # gamma 1, reward 0: the distribution itself, every value on its own atom.
-    same = project(probs, torch.zeros(6), torch.ones(6), 1.0, support)
+    # discount 1, reward 0: the distribution itself, every value on its own atom.
+    same = project(probs, torch.zeros(6), torch.ones(6), support)
     np.testing.assert_allclose(same.numpy(), probs.numpy(), atol=1e-6)
-    both = project(torch.stack([probs, probs.flip(1)]), rewards, bootstrap, 0.9, support)
+    both = project(torch.stack([probs, probs.flip(1)]), rewards, discounts, support)
     np.testing.assert_allclose(both[0].numpy(), expected, atol=1e-6)
-    flipped = reference_projection(probs.flip(1), rewards, bootstrap, 0.9, support)
+    flipped = reference_projection(probs.flip(1), rewards, discounts, support)
     np.testing.assert_allclose(both[1].numpy(), flipped, atol=1e-6)
 
 
@@ -123,6 +123,11 @@ def test_policy_explores_per_env_within_bounds():
 @pytest.mark.parametrize("name", [NAME, FAST])
 def test_buffer_per_env_storage(name):
     opg.check_buffer_per_env_storage(name)
+
+
+@pytest.mark.parametrize("name", [NAME, FAST])
+def test_n_step_returns(name):
+    opg.check_n_step_returns(name)
 
 
 @pytest.mark.parametrize("amp", opg.BASELINE_RUNS)
