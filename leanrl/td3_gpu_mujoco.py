@@ -14,6 +14,7 @@ import torch.optim as optim
 
 from harness import Run, average, check_due, exit_code, fail, flat_gradients, parse_args, setup_distributed, world
 from mujoco_warp_envs import ENVS, Envs, gymnasium_env, saved_obs_rms
+from replay_buffers import ReplayBuffer
 
 
 @dataclass
@@ -136,59 +137,6 @@ def project(probs, rewards, discounts, support):
     lower, upper = lower.expand_as(probs), upper.expand_as(probs)
     projected = torch.zeros_like(probs).scatter_add_(-1, lower, probs * (upper - b))
     return projected.scatter_add_(-1, upper, probs * (b - lower))
-
-
-class ReplayBuffer:
-    """FastTD3's buffer on the device: per-env circular storage, rows [obs, action, reward, next_obs, terminated,
-    truncated] of buffer_size // num_envs steps of each env; a sample draws batch_size // num_envs of each env's rows,
-    with replacement. Observations are stored raw and normalised when sampled."""
-
-    def __init__(self, size, num_envs, n_obs, n_act, num_steps, gamma, device):
-        self.widths = [n_obs, n_act, 1, n_obs, 1, 1]
-        self.storage = torch.zeros(size // num_envs, num_envs, sum(self.widths), device=device)
-        self.envs = torch.arange(num_envs, device=device)
-        self.num_steps, self.gamma = num_steps, gamma
-        self.ptr, self.size = 0, 0
-
-    def add(self, obs, actions, rewards, next_obs, terminations, truncations):
-        ends = terminations[:, None].float(), truncations[:, None].float()
-        self.storage[self.ptr] = torch.cat([obs, actions, rewards[:, None], next_obs, *ends], 1)
-        self.ptr = (self.ptr + 1) % len(self.storage)
-        self.size = min(self.size + 1, len(self.storage))
-
-    def sample(self, batch_size):
-        """batch_size transitions, as (obs, actions, rewards, next_obs, discounts): with num_steps > 1 n-step ones
-        (n_step_returns); discounts weighs the value of next_obs in the critics' target."""
-        idx = torch.randint(0, self.size, (batch_size // len(self.envs), len(self.envs)), device=self.envs.device)
-        obs, actions, *rest = self.storage[idx, self.envs].split(self.widths, dim=-1)
-        rewards, next_obs, discounts = self.n_step_returns(idx, *rest)
-        return obs.flatten(0, 1), actions.flatten(0, 1), rewards.flatten(), next_obs.flatten(0, 1), discounts.flatten()
-
-    def n_step_returns(self, idx, rewards, next_obs, terminated, truncated):
-        """From the rows at idx on, up to num_steps rows of each env (FastTD3's --num-steps): their rewards
-        discounted, the last one's next observation, and gamma ** steps, 0 where the last terminated. A window ends
-        with its episode and at its env's newest row (the rows after it are older)."""
-        discounts = torch.full_like(rewards, self.gamma)  # gamma ** the steps of the window so far
-        newer = (self.ptr - 1 - idx).remainder(len(self.storage))[..., None]  # the rows of its env stored after it
-        going, ended = torch.ones_like(rewards, dtype=torch.bool), terminated + truncated > 0
-        for k in range(1, self.num_steps):
-            going = going & ~ended & (newer >= k)  # the window takes the k-th row after idx
-            later = self.storage[:, :, sum(self.widths[:2]) :][(idx + k) % len(self.storage), self.envs]
-            reward, later_next_obs, later_terminated, later_truncated = later.split(self.widths[2:], dim=-1)
-            rewards = torch.where(going, rewards + discounts * reward, rewards)
-            discounts = torch.where(going, discounts * self.gamma, discounts)
-            next_obs = torch.where(going, later_next_obs, next_obs)
-            terminated = torch.where(going, later_terminated, terminated)
-            ended = later_terminated + later_truncated > 0
-        return rewards, next_obs, (1 - terminated) * discounts
-
-    def state_dict(self):
-        """The filled rows, and where the next transitions go."""
-        return {"storage": self.storage[: self.size].to("cpu", copy=True), "ptr": self.ptr, "size": self.size}
-
-    def load_state_dict(self, state):
-        self.storage[: state["size"]] = state["storage"]
-        self.ptr, self.size = state["ptr"], state["size"]
 
 
 class Agent:

@@ -17,6 +17,7 @@ from tensordict.nn import CudaGraphModule
 
 from harness import Run, average, check_due, exit_code, fail, flat_gradients, parse_args, setup_distributed, world
 from mujoco_warp_envs import ENVS, CapturableEnvs, gymnasium_env, saved_obs_rms
+from replay_buffers import CapturableReplayBuffer
 
 
 @dataclass
@@ -143,65 +144,6 @@ def project(probs, rewards, discounts, support):
     lower, upper = lower.expand_as(probs), upper.expand_as(probs)
     projected = torch.zeros_like(probs).scatter_add_(-1, lower, probs * (upper - b))
     return projected.scatter_add_(-1, upper, probs * (b - lower))
-
-
-class ReplayBuffer:  # trick 7: no host sync, where the next rows go and how many are held: on the device
-    """FastTD3's buffer on the device: per-env circular storage, rows [obs, action, reward, next_obs, terminated,
-    truncated] of buffer_size // num_envs steps of each env; a sample draws batch_size // num_envs of each env's rows,
-    with replacement. Observations are stored raw and normalised when sampled. Where the next rows go and how many
-    are held: device tensors, which captured graphs read and advance."""
-
-    def __init__(self, size, num_envs, n_obs, n_act, num_steps, gamma, device):
-        self.widths = [n_obs, n_act, 1, n_obs, 1, 1]
-        self.storage = torch.zeros(size // num_envs, num_envs, sum(self.widths), device=device)
-        self.envs = torch.arange(num_envs, device=device)
-        self.num_steps, self.gamma = num_steps, gamma
-        self.ptr = torch.zeros(1, dtype=torch.long, device=device)
-        self.size = torch.zeros(1, dtype=torch.long, device=device)
-
-    def add(self, obs, actions, rewards, next_obs, terminations, truncations):
-        ends = terminations[:, None].float(), truncations[:, None].float()
-        rows = torch.cat([obs, actions, rewards[:, None], next_obs, *ends], 1)
-        self.storage.index_copy_(0, self.ptr, rows[None])
-        self.ptr.add_(1).remainder_(len(self.storage))
-        self.size.add_(1).clamp_(max=len(self.storage))
-
-    def sample(self, batch_size):
-        """batch_size transitions, as (obs, actions, rewards, next_obs, discounts): with num_steps > 1 n-step ones
-        (n_step_returns); discounts weighs the value of next_obs in the critics' target."""
-        # Uniform with the size on the device: 62-bit draws modulo the size (a relative bias below 2**-40).
-        shape = (batch_size // len(self.envs), len(self.envs))
-        idx = torch.randint(0, 2**62, shape, device=self.envs.device).remainder_(self.size)
-        obs, actions, *rest = self.storage[idx, self.envs].split(self.widths, dim=-1)
-        rewards, next_obs, discounts = self.n_step_returns(idx, *rest)
-        return obs.flatten(0, 1), actions.flatten(0, 1), rewards.flatten(), next_obs.flatten(0, 1), discounts.flatten()
-
-    def n_step_returns(self, idx, rewards, next_obs, terminated, truncated):
-        """From the rows at idx on, up to num_steps rows of each env (FastTD3's --num-steps): their rewards
-        discounted, the last one's next observation, and gamma ** steps, 0 where the last terminated. A window ends
-        with its episode and at its env's newest row (the rows after it are older)."""
-        discounts = torch.full_like(rewards, self.gamma)  # gamma ** the steps of the window so far
-        newer = (self.ptr - 1 - idx).remainder(len(self.storage))[..., None]  # the rows of its env stored after it
-        going, ended = torch.ones_like(rewards, dtype=torch.bool), terminated + truncated > 0
-        for k in range(1, self.num_steps):
-            going = going & ~ended & (newer >= k)  # the window takes the k-th row after idx
-            later = self.storage[:, :, sum(self.widths[:2]) :][(idx + k) % len(self.storage), self.envs]
-            reward, later_next_obs, later_terminated, later_truncated = later.split(self.widths[2:], dim=-1)
-            rewards = torch.where(going, rewards + discounts * reward, rewards)
-            discounts = torch.where(going, discounts * self.gamma, discounts)
-            next_obs = torch.where(going, later_next_obs, next_obs)
-            terminated = torch.where(going, later_terminated, terminated)
-            ended = later_terminated + later_truncated > 0
-        return rewards, next_obs, (1 - terminated) * discounts
-
-    def state_dict(self):
-        """The filled rows, and where the next transitions go."""
-        return {"storage": self.storage[: int(self.size)].to("cpu", copy=True), "ptr": self.ptr, "size": self.size}
-
-    def load_state_dict(self, state):
-        self.storage[: len(state["storage"])].copy_(state["storage"])  # in place: graphs hold these very tensors
-        self.ptr.copy_(state["ptr"])
-        self.size.copy_(state["size"])
 
 
 class Agent:
@@ -430,7 +372,8 @@ def train(args, run):
     n_obs, n_act = envs.obs.shape[1], envs.n_act  # envs.obs_rms: statistics of the first observations
     agent = Agent(args, n_obs, n_act, envs.low, envs.high, device)
     update_critic, update_actor, update_targets, policy = make_update_fns(agent, args)
-    rb = ReplayBuffer(args.buffer_size, n_envs, n_obs, n_act, args.num_steps, args.gamma, device)
+    # trick 7: no host sync: where the buffer's next rows go and how many it holds, on the device
+    rb = CapturableReplayBuffer(args.buffer_size, n_envs, n_obs, n_act, args.num_steps, args.gamma, device)
     obs = envs.observe(fresh=torch.ones(n_envs, dtype=torch.bool, device=device))  # raw; updated in place
     noise_scales = draw_noise_scales(args, n_envs, device)
     collect = make_collect(policy, envs, rb, obs, noise_scales, args)

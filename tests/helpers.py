@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "leanrl"
 # The project's modules beside the scripts, which a script may import (the harness, the env modules), and the
 # package's __init__ (which puts them on the path under `python -m`); every other leanrl/*.py is a training script.
-MODULES = ("harness", "torch_classic_control", "mujoco_warp_envs", "fused_rollout", "envpool_atari", "__init__")
+MODULES = ("harness", "torch_classic_control", "mujoco_warp_envs", "replay_buffers", "fused_rollout", "envpool_atari",
+           "__init__")
 TESTS = ROOT / "tests"
 RECORD_KEYS = {
     "script", "env_id", "seed", "compile", "cudagraphs", "device", "gpu", "cpu_count", "torch", "torch_threads",

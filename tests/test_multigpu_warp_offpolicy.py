@@ -35,8 +35,8 @@ def recorded_run(name, argv):
     """A script's main(argv), with what train() makes kept: (record, {"agent": its Agent, "rb": its replay buffer,
     "first_qpos": its envs' positions after their first reset, "rows": the sizes of the buffer's samples})."""
     script, made = load_script(name), {}
-    envs_class = "CapturableEnvs" if name.endswith("_torchcompile") else "Envs"
-    for key, attribute in (("agent", "Agent"), ("first_qpos", envs_class), ("rb", "ReplayBuffer")):
+    kind = "Capturable" if name.endswith("_torchcompile") else ""
+    for key, attribute in (("agent", "Agent"), ("first_qpos", f"{kind}Envs"), ("rb", f"{kind}ReplayBuffer")):
 
         class Recorded(getattr(script, attribute)):
             def __init__(self, *args, key=key):

@@ -97,16 +97,6 @@ def test_policy_is_the_squashed_gaussian():
         torch.testing.assert_close(deterministic, torch.tanh(mean) * scale + bias)
 
 
-@pytest.mark.parametrize("name", [NAME, FAST])
-def test_buffer_per_env_storage(name):
-    opg.check_buffer_per_env_storage(name)
-
-
-@pytest.mark.parametrize("name", [NAME, FAST])
-def test_n_step_returns(name):
-    opg.check_n_step_returns(name)
-
-
 @pytest.mark.parametrize("amp", opg.BASELINE_RUNS)
 def test_baseline_runs(amp, capsys):
     """The baseline through its fps window, in fp32 and with --amp."""
