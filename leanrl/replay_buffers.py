@@ -41,17 +41,18 @@ class ReplayBuffer:
         idx = self.draw((batch_size // len(self.envs), len(self.envs)))
         obs, actions, rewards, next_obs, terminated, truncated = self.storage[idx, self.envs].split(self.widths, -1)
         discounts = torch.full_like(rewards, self.gamma)  # gamma ** the steps of the window so far
-        newer = (self.ptr - 1 - idx).remainder(len(self.storage))[..., None]  # the rows of its env stored after it
-        going, ended = torch.ones_like(rewards, dtype=torch.bool), terminated + truncated > 0
-        for k in range(1, self.num_steps):
-            going = going & ~ended & (newer >= k)  # the window takes the k-th row after idx
-            later = self.storage[:, :, sum(self.widths[:2]) :][(idx + k) % len(self.storage), self.envs]
-            reward, later_next_obs, later_terminated, later_truncated = later.split(self.widths[2:], -1)
-            rewards = torch.where(going, rewards + discounts * reward, rewards)
-            discounts = torch.where(going, discounts * self.gamma, discounts)
-            next_obs = torch.where(going, later_next_obs, next_obs)
-            terminated = torch.where(going, later_terminated, terminated)
-            ended = later_terminated + later_truncated > 0
+        if self.num_steps > 1:
+            newer = (self.ptr - 1 - idx).remainder(len(self.storage))[..., None]  # its env's rows stored after it
+            going, ended = torch.ones_like(rewards, dtype=torch.bool), terminated + truncated > 0
+            for k in range(1, self.num_steps):
+                going = going & ~ended & (newer >= k)  # the window takes the k-th row after idx
+                later = self.storage[:, :, sum(self.widths[:2]) :][(idx + k) % len(self.storage), self.envs]
+                reward, later_next_obs, later_terminated, later_truncated = later.split(self.widths[2:], -1)
+                rewards = torch.where(going, rewards + discounts * reward, rewards)
+                discounts = torch.where(going, discounts * self.gamma, discounts)
+                next_obs = torch.where(going, later_next_obs, next_obs)
+                terminated = torch.where(going, later_terminated, terminated)
+                ended = later_terminated + later_truncated > 0
         discounts = (1 - terminated) * discounts
         return obs.flatten(0, 1), actions.flatten(0, 1), rewards.flatten(), next_obs.flatten(0, 1), discounts.flatten()
 
