@@ -183,9 +183,8 @@ def make_update_fns(agent, args):
             returns = advantages + values
         return advantages, returns
 
-    # trick 19: one all-reduce of a flat buffer: under torchrun it runs between backward and step
-    def backward(obs, actions, logprobs, advantages, returns, values):
-        """The loss of one minibatch and its gradients; its STATS but the gradient norm into `stats`."""
+    def minibatch_loss(obs, actions, logprobs, advantages, returns, values):
+        """The loss of one minibatch; its STATS but the gradient norm into `stats`."""
         _, newlogprob, entropy, newvalue = agent.net.get_action_and_value(obs, actions)
         logratio = newlogprob - logprobs
         ratio = logratio.exp()
@@ -208,11 +207,17 @@ def make_update_fns(agent, args):
             v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
         entropy_loss = entropy.mean()
         loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-        agent.optimizer.zero_grad(set_to_none=agent.grads is None)  # the flat buffer's views stay
-        loss.backward()
         outputs = (pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac)
         for name, value in zip(STATS, outputs):  # not returned: a captured function copies outputs out of its graph
             stats[name].copy_(value.detach())
+        return loss
+
+    # trick 19: one all-reduce of a flat buffer: under torchrun it runs between backward and step
+    def backward(*minibatch):
+        """The loss of one minibatch and its gradients."""
+        loss = minibatch_loss(*minibatch)
+        agent.optimizer.zero_grad(set_to_none=agent.grads is None)  # the flat buffer's views stay
+        loss.backward()
 
     def step():
         """The clipped gradients' optimizer step; the gradient norm into `stats`."""
@@ -229,9 +234,12 @@ def make_update_fns(agent, args):
             action, logprob, _, value = agent.net.get_action_and_value(obs)
         return action, logprob, value.flatten()
 
-    fast_backward, fast_step = backward, step  # wrapped under other names: update calls the plain ones
-    if args.compile:  # trick 2: torch.compile
-        gae, update, fast_backward, fast_step, policy = map(torch.compile, (gae, update, backward, step, policy))
+    # trick 2: torch.compile: GAE, the loss, the step and the policy, each its own graph that the others call by these
+    # names; the backward pass runs between loss and step, so no graph breaks at it (the code after a break is traced
+    # again at every start)
+    if args.compile:
+        gae, minibatch_loss, step, policy = map(torch.compile, (gae, minibatch_loss, step, policy))
+    fast_backward, fast_step = backward, step
     if args.cudagraphs:  # trick 1: CUDA graphs
         graphs = (CudaGraphModule(f, warmup=3 if args.compile else 2) for f in (gae, update, fast_backward, fast_step))
         gae, update, fast_backward, fast_step = graphs

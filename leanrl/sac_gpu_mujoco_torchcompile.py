@@ -182,19 +182,15 @@ class Agent:
         return {**tensors, "log_alpha": self.log_alpha.detach()}
 
 
-def averaged(backward, optimizer, args):  # trick 19: one all-reduce of a flat buffer, between two graphs
+def averaged(backward, step, optimizer, args):  # trick 19: one all-reduce of a flat buffer, between two graphs
     """Under torchrun, an update from all ranks' gradients: backward(*inputs) (an update of make_update_fns, which
-    there stops before its step and returns its statistics), the all-reduce of the gradients, the optimizer's step.
-    The gradients are views into one flat buffer (flat_gradients) that backward fills in place. Backward and step
-    are compiled and captured as the flags say; the all-reduce runs eagerly between their graphs (inside one graph,
+    there stops before its step and returns its statistics), the all-reduce of the gradients, the optimizer's
+    `step`. The gradients are views into one flat buffer (flat_gradients) that backward fills in place. Backward
+    and step are captured as --cudagraphs says; the all-reduce runs eagerly between their graphs (inside one graph,
     as the PPO Atari twin has it, was not measured for these)."""
     grads = flat_gradients(optimizer.param_groups[0]["params"])
-    fns = backward, optimizer.step
-    if args.compile:
-        fns = map(torch.compile, fns)
     if args.cudagraphs:
-        fns = (CudaGraphModule(fn, warmup=3 if args.compile else 2) for fn in fns)
-    backward, step = fns
+        backward, step = (CudaGraphModule(fn, warmup=3 if args.compile else 2) for fn in (backward, step))
 
     def update(*inputs):
         stats = backward(*inputs)
@@ -213,10 +209,10 @@ def autocast(args, device):
 def make_update_fns(agent, args):
     """The steps of an update on a batch of normalised observations: the critics; the delayed actor step, then the
     entropy coefficient's with --autotune; the soft update of the critics' targets, after every gradient update
-    (FastSAC's); and the policy that acts. --compile compiles each; under torchrun the critics', the actor's and the
-    entropy coefficient's are averaged."""
+    (FastSAC's); and the policy that acts. Under torchrun the critics', the actor's and the entropy coefficient's
+    gradients are averaged before their steps."""
 
-    def update_critic(obs, actions, rewards, next_obs, discounts):
+    def critic_loss(obs, actions, rewards, next_obs, discounts):
         alpha = agent.log_alpha.detach().exp()
         with autocast(args, obs.device):
             with torch.no_grad():
@@ -230,15 +226,19 @@ def make_update_fns(agent, args):
             qf1_loss = F.mse_loss(qf1_a_values, next_q_value)
             qf2_loss = F.mse_loss(qf2_a_values, next_q_value)
             qf_loss = qf1_loss + qf2_loss
+        qf1_values, qf2_values = qf1_a_values.detach().mean(), qf2_a_values.detach().mean()
+        losses = {"qf1_loss": qf1_loss.detach(), "qf2_loss": qf2_loss.detach(), "qf_loss": qf_loss.detach() / 2.0}
+        return qf_loss, {"qf1_values": qf1_values, "qf2_values": qf2_values, **losses}  # qf_loss halved, as CleanRL
+
+    def update_critic(*batch):
+        qf_loss, stats = critic_loss(*batch)
         agent.q_optimizer.zero_grad(set_to_none=not dist.is_initialized())  # the flat buffer's views stay
         qf_loss.backward()
         if not dist.is_initialized():  # trick 19: one all-reduce of a flat buffer, else averaged steps after it
-            agent.q_optimizer.step()
-        qf1_values, qf2_values = qf1_a_values.detach().mean(), qf2_a_values.detach().mean()
-        losses = {"qf1_loss": qf1_loss.detach(), "qf2_loss": qf2_loss.detach(), "qf_loss": qf_loss.detach() / 2.0}
-        return {"qf1_values": qf1_values, "qf2_values": qf2_values, **losses}  # qf_loss halved, as CleanRL logs it
+            q_step()
+        return stats
 
-    def update_actor(obs):
+    def actor_loss(obs):
         alpha = agent.log_alpha.detach().exp()
         # trick 4: vmapped ensemble: the smaller critic's value, through detached parameters: no gradient reaches
         # the critics.
@@ -246,26 +246,32 @@ def make_update_fns(agent, args):
         with autocast(args, obs.device):
             pi, log_pi, _ = agent.actor.get_action(obs)
             min_qf_pi = agent.qvalues(params, obs, pi).min(0).values
-            actor_loss = (alpha * log_pi - min_qf_pi).mean()
+            return (alpha * log_pi - min_qf_pi).mean()
+
+    def update_actor(obs):
+        loss = actor_loss(obs)
         agent.actor_optimizer.zero_grad(set_to_none=not dist.is_initialized())
-        actor_loss.backward()
+        loss.backward()
         if dist.is_initialized():  # trick 19: one all-reduce of a flat buffer: averaged steps, then update_alpha
-            return {"actor_loss": actor_loss.detach()}
-        agent.actor_optimizer.step()
-        return {"actor_loss": actor_loss.detach(), **update_alpha(obs)}
+            return {"actor_loss": loss.detach()}
+        actor_step()
+        return {"actor_loss": loss.detach(), **update_alpha(obs)}
+
+    def alpha_loss(obs):  # from a fresh sample of the stepped actor (FastSAC's)
+        with autocast(args, obs.device):
+            with torch.no_grad():
+                _, log_pi, _ = agent.actor.get_action(obs)
+            return -(agent.log_alpha.exp() * (log_pi + agent.target_entropy)).mean()
 
     def update_alpha(obs):
-        alpha_loss = torch.zeros((), device=obs.device)
-        if args.autotune:  # from a fresh sample of the stepped actor (FastSAC's)
-            with autocast(args, obs.device):
-                with torch.no_grad():
-                    _, log_pi, _ = agent.actor.get_action(obs)
-                alpha_loss = -(agent.log_alpha.exp() * (log_pi + agent.target_entropy)).mean()
-            agent.a_optimizer.zero_grad(set_to_none=not dist.is_initialized())
-            alpha_loss.backward()
-            if not dist.is_initialized():
-                agent.a_optimizer.step()
-        return {"alpha_loss": alpha_loss.detach()}
+        if not args.autotune:
+            return {"alpha_loss": torch.zeros((), device=obs.device)}
+        loss = alpha_loss(obs)
+        agent.a_optimizer.zero_grad(set_to_none=not dist.is_initialized())
+        loss.backward()
+        if not dist.is_initialized():
+            alpha_step()
+        return {"alpha_loss": loss.detach()}
 
     def update_targets():  # trick 5: one lerp for the targets, over every target parameter
         sources = [p.detach() for p in agent.qnet_params.values()]
@@ -276,14 +282,20 @@ def make_update_fns(agent, args):
             actions, _, _ = agent.actor.get_action(obs)
         return actions
 
-    fns = update_critic, update_actor, update_targets, policy
-    fns = tuple(map(torch.compile, fns)) if args.compile else fns  # trick 2: torch.compile
+    q_step, actor_step, alpha_step = agent.q_optimizer.step, agent.actor_optimizer.step, agent.a_optimizer.step
+    # trick 2: torch.compile: the losses, the optimizers' steps, the targets' update and the policy, each its own
+    # graph that the updates call by these names; the backward passes run between them, so no graph breaks at them
+    # (the code after a break is traced again at every start)
+    if args.compile:
+        fns = critic_loss, actor_loss, alpha_loss, q_step, actor_step, alpha_step, update_targets, policy
+        critic_loss, actor_loss, alpha_loss, q_step, actor_step, alpha_step, update_targets, policy = map(
+            torch.compile, fns)  # fmt: skip
     if dist.is_initialized():  # the updates from all ranks' gradients: the critics', the actor's, then alpha's
-        actor_step = averaged(update_actor, agent.actor_optimizer, args)
-        alpha_step = averaged(update_alpha, agent.a_optimizer, args) if args.autotune else update_alpha
-        fns = (averaged(update_critic, agent.q_optimizer, args), lambda obs: {**actor_step(obs), **alpha_step(obs)},
-               *fns[2:])  # fmt: skip
-    return fns
+        actor_update = averaged(update_actor, actor_step, agent.actor_optimizer, args)
+        alpha_update = averaged(update_alpha, alpha_step, agent.a_optimizer, args) if args.autotune else update_alpha
+        return (averaged(update_critic, q_step, agent.q_optimizer, args),
+                lambda obs: {**actor_update(obs), **alpha_update(obs)}, update_targets, policy)  # fmt: skip
+    return update_critic, update_actor, update_targets, policy
 
 
 def actor_updates(args, vector_step):

@@ -178,19 +178,15 @@ class Agent:
         return {f"{name}.{key}": value.detach() for name, part in parts.items() for key, value in part.items()}
 
 
-def averaged(backward, optimizer, args):  # trick 19: one all-reduce of a flat buffer, between two graphs
+def averaged(backward, step, optimizer, args):  # trick 19: one all-reduce of a flat buffer, between two graphs
     """Under torchrun, an update from all ranks' gradients: backward(*inputs) (an update of make_update_fns, which
-    there stops before its step and returns its statistics), the all-reduce of the gradients, the optimizer's step.
-    The gradients are views into one flat buffer (flat_gradients) that backward fills in place. Backward and step
-    are compiled and captured as the flags say; the all-reduce runs eagerly between their graphs (inside one graph,
+    there stops before its step and returns its statistics), the all-reduce of the gradients, the optimizer's
+    `step`. The gradients are views into one flat buffer (flat_gradients) that backward fills in place. Backward
+    and step are captured as --cudagraphs says; the all-reduce runs eagerly between their graphs (inside one graph,
     as the PPO Atari twin has it, was not measured for these)."""
     grads = flat_gradients(optimizer.param_groups[0]["params"])
-    fns = backward, optimizer.step
-    if args.compile:
-        fns = map(torch.compile, fns)
     if args.cudagraphs:
-        fns = (CudaGraphModule(fn, warmup=3 if args.compile else 2) for fn in fns)
-    backward, step = fns
+        backward, step = (CudaGraphModule(fn, warmup=3 if args.compile else 2) for fn in (backward, step))
 
     def update(*inputs):
         stats = backward(*inputs)
@@ -209,9 +205,9 @@ def autocast(args, device):
 def make_update_fns(agent, args):
     """The steps of an update on a batch of normalised observations: the critics; the delayed actor step; the soft
     update of the critics' targets, after every gradient update (FastTD3's); and the policy that acts, with each
-    env's exploration noise. --compile compiles each; under torchrun the critics' and the actor's are averaged."""
+    env's exploration noise. Under torchrun the critics' and the actor's gradients are averaged before their steps."""
 
-    def update_critic(obs, actions, rewards, next_obs, discounts):
+    def critic_loss(obs, actions, rewards, next_obs, discounts):
         with autocast(args, agent.support.device):
             with torch.no_grad():
                 # Target policy smoothing: clipped noise on the actor's action (FastTD3: the actor itself, no target).
@@ -227,26 +223,33 @@ def make_update_fns(agent, args):
             logits = agent.qlogits(agent.qnet_params, obs, actions)
             qf1_loss, qf2_loss = -(target_dist * F.log_softmax(logits, -1)).sum(-1).mean(-1)
             qf_loss = qf1_loss + qf2_loss
+        qf1_values, qf2_values = (F.softmax(logits.detach(), -1) * agent.support).sum(-1).mean(-1)
+        losses = {"qf1_loss": qf1_loss.detach(), "qf2_loss": qf2_loss.detach(), "qf_loss": qf_loss.detach() / 2.0}
+        return qf_loss, {"qf1_values": qf1_values, "qf2_values": qf2_values, **losses}  # qf_loss halved, as CleanRL
+
+    def update_critic(*batch):
+        qf_loss, stats = critic_loss(*batch)
         agent.q_optimizer.zero_grad(set_to_none=not dist.is_initialized())  # the flat buffer's views stay
         qf_loss.backward()
         if not dist.is_initialized():  # trick 19: one all-reduce of a flat buffer, else averaged steps after it
-            agent.q_optimizer.step()
-        qf1_values, qf2_values = (F.softmax(logits.detach(), -1) * agent.support).sum(-1).mean(-1)
-        losses = {"qf1_loss": qf1_loss.detach(), "qf2_loss": qf2_loss.detach(), "qf_loss": qf_loss.detach() / 2.0}
-        return {"qf1_values": qf1_values, "qf2_values": qf2_values, **losses}  # qf_loss halved, as CleanRL logs it
+            q_step()
+        return stats
 
-    def update_actor(obs):
+    def actor_loss(obs):
         # trick 4: vmapped ensemble: the smaller critic's expected value, through detached parameters: no gradient
         # reaches the critics.
         params = {name: p.detach() for name, p in agent.qnet_params.items()}
         with autocast(args, agent.support.device):
             values = (F.softmax(agent.qlogits(params, obs, agent.actor(obs)), -1) * agent.support).sum(-1)
-            actor_loss = -values.min(0).values.mean()
+            return -values.min(0).values.mean()
+
+    def update_actor(obs):
+        loss = actor_loss(obs)
         agent.actor_optimizer.zero_grad(set_to_none=not dist.is_initialized())
-        actor_loss.backward()
+        loss.backward()
         if not dist.is_initialized():
-            agent.actor_optimizer.step()
-        return {"actor_loss": actor_loss.detach()}
+            actor_step()
+        return {"actor_loss": loss.detach()}
 
     def update_targets():  # trick 5: one lerp for the targets, over every target parameter
         sources = [p.detach() for p in agent.qnet_params.values()]
@@ -258,12 +261,17 @@ def make_update_fns(agent, args):
             actions = actions + torch.randn_like(actions) * noise_scales * agent.actor.action_scale
         return actions.clamp(agent.action_low, agent.action_high)
 
-    fns = update_critic, update_actor, update_targets, policy
-    fns = tuple(map(torch.compile, fns)) if args.compile else fns  # trick 2: torch.compile
+    q_step, actor_step = agent.q_optimizer.step, agent.actor_optimizer.step
+    # trick 2: torch.compile: the losses, the optimizers' steps, the targets' update and the policy, each its own
+    # graph that the updates call by these names; the backward passes run between them, so no graph breaks at them
+    # (the code after a break is traced again at every start)
+    if args.compile:
+        fns = critic_loss, actor_loss, q_step, actor_step, update_targets, policy
+        critic_loss, actor_loss, q_step, actor_step, update_targets, policy = map(torch.compile, fns)
     if dist.is_initialized():  # the critics' and the actor's updates from all ranks' gradients
-        fns = (averaged(update_critic, agent.q_optimizer, args),
-               averaged(update_actor, agent.actor_optimizer, args), *fns[2:])  # fmt: skip
-    return fns
+        return (averaged(update_critic, q_step, agent.q_optimizer, args),
+                averaged(update_actor, actor_step, agent.actor_optimizer, args), update_targets, policy)  # fmt: skip
+    return update_critic, update_actor, update_targets, policy
 
 
 def draw_noise_scales(args, num_envs, device):
