@@ -55,7 +55,10 @@ class Run:
         for stream in ("stdout", "stderr"):  # closed (>&-, 2>&-): its lines go nowhere, not onto the other one
             if getattr(sys, stream) is None:
                 setattr(sys, stream, open(os.devnull, "w"))
-        self.t_start = time.perf_counter() - (age() if self.program else 0.0)  # called from other code: from here
+        self.t_mark = time.perf_counter()
+        self.t_start = self.t_mark - (age() if self.program else 0.0)  # called from other code: from here
+        # The warm-up's seconds by phase: "imports" the process's start to here, "start" from here to the loop.
+        self.warmup_split = {"imports": self.t_mark - self.t_start}
         self.script = os.path.basename(script_file).removesuffix(".py")
         if ranks is None and int(os.environ.get("WORLD_SIZE", 1)) > 1:
             fail(f"{self.script} runs in one process: start it with python, not torchrun")
@@ -90,7 +93,6 @@ class Run:
         self.video_folder = os.path.join("videos", self.run_name) if getattr(args, "capture_video", False) else None
         self.steps, self.window, self.profiler, self.progress, self.scalars = 0, None, None, None, None
         self.state, self.replicated, self.open_phase, self.phase_name = None, None, None, "start"
-        self.warmup_split, self.t_mark = {}, self.t_start  # the warm-up's seconds by phase, "start" before the loop
         self.finished, self.saved_step = threading.Event(), None
         # interrupted: by a signal; abrupt: at once, not where the loop's next unit begins
         self.interrupted, self.abrupt, self.diverged = False, False, None
@@ -360,6 +362,9 @@ class Run:
     def record(self, window, t_end):
         """The speed record (docs/contract.md): the fps of the steady window, the warm-up apart."""
         args, cuda, steps, steady = self.args, self.device.type == "cuda", self.steps, window.steady(self.steps)
+        imports = self.warmup_split["imports"]
+        # no window: its warm-up is what came before the loop
+        split = self.warmup_split if steady else {"imports": imports, "start": window.t_loop - self.t_start - imports}
         return {
             "script": self.script, "env_id": args.env_id, "seed": args.seed, "compile": getattr(args, "compile", False),
             "cudagraphs": getattr(args, "cudagraphs", False), "amp": getattr(args, "amp", False),
@@ -371,8 +376,7 @@ class Run:
             "resumed_from": window.first_step if self.checkpoint is not None else None, "restarts": restarts(),
             "checkpoint_seconds": round(window.paused, 3),
             "warmup_seconds": round((window.t_open if steady else window.t_loop) - self.t_start, 3),
-            "warmup_split": {phase: round(seconds, 3) for phase, seconds in self.warmup_split.items()} if steady
-            else {"start": round(window.t_loop - self.t_start, 3)},  # no window: its warm-up is what came before the loop
+            "warmup_split": {phase: round(seconds, 3) for phase, seconds in split.items()},
             "wall_seconds": round(t_end - self.t_start, 3),
             "episodic_return": self.progress and self.progress.mean_return(),
             "return_curve": self.progress and self.progress.curve or [],
