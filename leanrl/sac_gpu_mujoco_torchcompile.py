@@ -214,24 +214,24 @@ def make_update_fns(agent, args):
 
     def critic_loss(obs, actions, rewards, next_obs, discounts):
         alpha = agent.log_alpha.detach().exp()
-        with autocast(args, obs.device):
-            with torch.no_grad():
-                # The next action sampled from the actor itself (FastSAC: no target actor).
-                next_state_actions, next_state_log_pi, _ = agent.actor.get_action(next_obs)
-                # trick 4: vmapped ensemble: both targets at once
-                qf_next_target = agent.qvalues(agent.qnet_target, next_obs, next_state_actions)
-                min_qf_next_target = qf_next_target.min(0).values - alpha * next_state_log_pi
-                next_q_value = rewards + discounts * min_qf_next_target.view(-1)
-            qf1_a_values, qf2_a_values = agent.qvalues(agent.qnet_params, obs, actions).view(2, -1)
-            qf1_loss = F.mse_loss(qf1_a_values, next_q_value)
-            qf2_loss = F.mse_loss(qf2_a_values, next_q_value)
-            qf_loss = qf1_loss + qf2_loss
+        with torch.no_grad():
+            # The next action sampled from the actor itself (FastSAC: no target actor).
+            next_state_actions, next_state_log_pi, _ = agent.actor.get_action(next_obs)
+            # trick 4: vmapped ensemble: both targets at once
+            qf_next_target = agent.qvalues(agent.qnet_target, next_obs, next_state_actions)
+            min_qf_next_target = qf_next_target.min(0).values - alpha * next_state_log_pi
+            next_q_value = rewards + discounts * min_qf_next_target.view(-1)
+        qf1_a_values, qf2_a_values = agent.qvalues(agent.qnet_params, obs, actions).view(2, -1)
+        qf1_loss = F.mse_loss(qf1_a_values, next_q_value)
+        qf2_loss = F.mse_loss(qf2_a_values, next_q_value)
+        qf_loss = qf1_loss + qf2_loss
         qf1_values, qf2_values = qf1_a_values.detach().mean(), qf2_a_values.detach().mean()
         losses = {"qf1_loss": qf1_loss.detach(), "qf2_loss": qf2_loss.detach(), "qf_loss": qf_loss.detach() / 2.0}
         return qf_loss, {"qf1_values": qf1_values, "qf2_values": qf2_values, **losses}  # qf_loss halved, as CleanRL
 
     def update_critic(*batch):
-        qf_loss, stats = critic_loss(*batch)
+        with autocast(args, agent.log_alpha.device):  # trick 2: torch.compile: autocast around the loss (below)
+            qf_loss, stats = critic_loss(*batch)
         agent.q_optimizer.zero_grad(set_to_none=not dist.is_initialized())  # the flat buffer's views stay
         qf_loss.backward()
         if not dist.is_initialized():  # trick 19: one all-reduce of a flat buffer, else averaged steps after it
@@ -243,13 +243,13 @@ def make_update_fns(agent, args):
         # trick 4: vmapped ensemble: the smaller critic's value, through detached parameters: no gradient reaches
         # the critics.
         params = {name: p.detach() for name, p in agent.qnet_params.items()}
-        with autocast(args, obs.device):
-            pi, log_pi, _ = agent.actor.get_action(obs)
-            min_qf_pi = agent.qvalues(params, obs, pi).min(0).values
-            return (alpha * log_pi - min_qf_pi).mean()
+        pi, log_pi, _ = agent.actor.get_action(obs)
+        min_qf_pi = agent.qvalues(params, obs, pi).min(0).values
+        return (alpha * log_pi - min_qf_pi).mean()
 
     def update_actor(obs):
-        loss = actor_loss(obs)
+        with autocast(args, obs.device):
+            loss = actor_loss(obs)
         agent.actor_optimizer.zero_grad(set_to_none=not dist.is_initialized())
         loss.backward()
         if dist.is_initialized():  # trick 19: one all-reduce of a flat buffer: averaged steps, then update_alpha
@@ -258,15 +258,15 @@ def make_update_fns(agent, args):
         return {"actor_loss": loss.detach(), **update_alpha(obs)}
 
     def alpha_loss(obs):  # from a fresh sample of the stepped actor (FastSAC's)
-        with autocast(args, obs.device):
-            with torch.no_grad():
-                _, log_pi, _ = agent.actor.get_action(obs)
-            return -(agent.log_alpha.exp() * (log_pi + agent.target_entropy)).mean()
+        with torch.no_grad():
+            _, log_pi, _ = agent.actor.get_action(obs)
+        return -(agent.log_alpha.exp() * (log_pi + agent.target_entropy)).mean()
 
     def update_alpha(obs):
         if not args.autotune:
             return {"alpha_loss": torch.zeros((), device=obs.device)}
-        loss = alpha_loss(obs)
+        with autocast(args, obs.device):
+            loss = alpha_loss(obs)
         agent.a_optimizer.zero_grad(set_to_none=not dist.is_initialized())
         loss.backward()
         if not dist.is_initialized():
@@ -278,14 +278,15 @@ def make_update_fns(agent, args):
         torch._foreach_lerp_(list(agent.qnet_target.values()), sources, args.tau)
 
     def policy(obs):  # trick 3: act without autograd
-        with torch.no_grad(), autocast(args, obs.device):
+        with torch.no_grad():
             actions, _, _ = agent.actor.get_action(obs)
         return actions
 
     q_step, actor_step, alpha_step = agent.q_optimizer.step, agent.actor_optimizer.step, agent.a_optimizer.step
     # trick 2: torch.compile: the losses, the optimizers' steps, the targets' update and the policy, each its own
     # graph that the updates call by these names; the backward passes run between them, so no graph breaks at them
-    # (the code after a break is traced again at every start)
+    # (the code after a break is traced again at every start). --amp's autocast is entered around a compiled
+    # function, not in it: AOTAutograd's cache keeps no graph that enters autocast, and would trace it at every start.
     if args.compile:
         fns = critic_loss, actor_loss, alpha_loss, q_step, actor_step, alpha_step, update_targets, policy
         critic_loss, actor_loss, alpha_loss, q_step, actor_step, alpha_step, update_targets, policy = map(
@@ -309,7 +310,9 @@ def make_collect(policy, envs, rb, obs, args):  # trick 15: the rollout captured
     observation statistics. With --cudagraphs one CUDA graph, Warp's physics included."""
 
     def collect():
-        actions = policy(envs.obs_rms.normalize(obs))
+        normalized = envs.obs_rms.normalize(obs)
+        with autocast(args, obs.device):  # trick 2: torch.compile: autocast around the policy
+            actions = policy(normalized)
         next_obs, final_obs, rewards, terminations, truncations = envs.step_raw(actions)
         # A finished episode's last transition keeps its true final observation: a truncated one bootstraps from it.
         rb.add(obs, actions, rewards, final_obs, terminations, truncations)

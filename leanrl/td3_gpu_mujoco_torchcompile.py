@@ -208,27 +208,27 @@ def make_update_fns(agent, args):
     env's exploration noise. Under torchrun the critics' and the actor's gradients are averaged before their steps."""
 
     def critic_loss(obs, actions, rewards, next_obs, discounts):
-        with autocast(args, agent.support.device):
-            with torch.no_grad():
-                # Target policy smoothing: clipped noise on the actor's action (FastTD3: the actor itself, no target).
-                noise = (torch.randn_like(actions) * args.policy_noise).clamp(-args.noise_clip, args.noise_clip)
-                clipped_noise = noise * agent.actor.action_scale
-                next_state_actions = (agent.actor(next_obs) + clipped_noise).clamp(agent.action_low, agent.action_high)
-                # trick 4: vmapped ensemble: both targets' projections at once; clipped double Q: per sample, the
-                # one of smaller expected value.
-                next_probs = F.softmax(agent.qlogits(agent.qnet_target, next_obs, next_state_actions), -1)
-                projected = project(next_probs, rewards, discounts, agent.support)
-                values = (projected * agent.support).sum(-1)
-                target_dist = torch.where((values[0] < values[1])[:, None], projected[0], projected[1])
-            logits = agent.qlogits(agent.qnet_params, obs, actions)
-            qf1_loss, qf2_loss = -(target_dist * F.log_softmax(logits, -1)).sum(-1).mean(-1)
-            qf_loss = qf1_loss + qf2_loss
+        with torch.no_grad():
+            # Target policy smoothing: clipped noise on the actor's action (FastTD3: the actor itself, no target).
+            noise = (torch.randn_like(actions) * args.policy_noise).clamp(-args.noise_clip, args.noise_clip)
+            clipped_noise = noise * agent.actor.action_scale
+            next_state_actions = (agent.actor(next_obs) + clipped_noise).clamp(agent.action_low, agent.action_high)
+            # trick 4: vmapped ensemble: both targets' projections at once; clipped double Q: per sample, the one of
+            # smaller expected value.
+            next_probs = F.softmax(agent.qlogits(agent.qnet_target, next_obs, next_state_actions), -1)
+            projected = project(next_probs, rewards, discounts, agent.support)
+            values = (projected * agent.support).sum(-1)
+            target_dist = torch.where((values[0] < values[1])[:, None], projected[0], projected[1])
+        logits = agent.qlogits(agent.qnet_params, obs, actions)
+        qf1_loss, qf2_loss = -(target_dist * F.log_softmax(logits, -1)).sum(-1).mean(-1)
+        qf_loss = qf1_loss + qf2_loss
         qf1_values, qf2_values = (F.softmax(logits.detach(), -1) * agent.support).sum(-1).mean(-1)
         losses = {"qf1_loss": qf1_loss.detach(), "qf2_loss": qf2_loss.detach(), "qf_loss": qf_loss.detach() / 2.0}
         return qf_loss, {"qf1_values": qf1_values, "qf2_values": qf2_values, **losses}  # qf_loss halved, as CleanRL
 
     def update_critic(*batch):
-        qf_loss, stats = critic_loss(*batch)
+        with autocast(args, agent.support.device):  # trick 2: torch.compile: autocast around the loss (below)
+            qf_loss, stats = critic_loss(*batch)
         agent.q_optimizer.zero_grad(set_to_none=not dist.is_initialized())  # the flat buffer's views stay
         qf_loss.backward()
         if not dist.is_initialized():  # trick 19: one all-reduce of a flat buffer, else averaged steps after it
@@ -239,12 +239,12 @@ def make_update_fns(agent, args):
         # trick 4: vmapped ensemble: the smaller critic's expected value, through detached parameters: no gradient
         # reaches the critics.
         params = {name: p.detach() for name, p in agent.qnet_params.items()}
-        with autocast(args, agent.support.device):
-            values = (F.softmax(agent.qlogits(params, obs, agent.actor(obs)), -1) * agent.support).sum(-1)
-            return -values.min(0).values.mean()
+        values = (F.softmax(agent.qlogits(params, obs, agent.actor(obs)), -1) * agent.support).sum(-1)
+        return -values.min(0).values.mean()
 
     def update_actor(obs):
-        loss = actor_loss(obs)
+        with autocast(args, agent.support.device):
+            loss = actor_loss(obs)
         agent.actor_optimizer.zero_grad(set_to_none=not dist.is_initialized())
         loss.backward()
         if not dist.is_initialized():
@@ -256,7 +256,7 @@ def make_update_fns(agent, args):
         torch._foreach_lerp_(list(agent.qnet_target.values()), sources, args.tau)
 
     def policy(obs, noise_scales):  # trick 3: act without autograd
-        with torch.no_grad(), autocast(args, obs.device):
+        with torch.no_grad():
             actions = agent.actor(obs)
             actions = actions + torch.randn_like(actions) * noise_scales * agent.actor.action_scale
         return actions.clamp(agent.action_low, agent.action_high)
@@ -264,7 +264,8 @@ def make_update_fns(agent, args):
     q_step, actor_step = agent.q_optimizer.step, agent.actor_optimizer.step
     # trick 2: torch.compile: the losses, the optimizers' steps, the targets' update and the policy, each its own
     # graph that the updates call by these names; the backward passes run between them, so no graph breaks at them
-    # (the code after a break is traced again at every start)
+    # (the code after a break is traced again at every start). --amp's autocast is entered around a compiled
+    # function, not in it: AOTAutograd's cache keeps no graph that enters autocast, and would trace it at every start.
     if args.compile:
         fns = critic_loss, actor_loss, q_step, actor_step, update_targets, policy
         critic_loss, actor_loss, q_step, actor_step, update_targets, policy = map(torch.compile, fns)
@@ -292,7 +293,9 @@ def make_collect(policy, envs, rb, obs, noise_scales, args):
     physics included."""
 
     def collect():
-        actions = policy(envs.obs_rms.normalize(obs), noise_scales)
+        normalized = envs.obs_rms.normalize(obs)
+        with autocast(args, obs.device):  # trick 2: torch.compile: autocast around the policy
+            actions = policy(normalized, noise_scales)
         next_obs, final_obs, rewards, terminations, truncations = envs.step_raw(actions)
         # A finished episode's last transition keeps its true final observation: a truncated one bootstraps from it.
         rb.add(obs, actions, rewards, final_obs, terminations, truncations)

@@ -31,11 +31,12 @@ LOW, HIGH = torch.tensor([-1.0, -2.0]), torch.tensor([1.0, 3.0])  # bounds of di
 # A tiny run: 4 Hopper envs, learning from env step 40, the fps window from 60 (WARMUP_STEPS vector steps later).
 TINY = ["--env-id", "Hopper-v5", "--num-envs", "4", "--batch-size", "16", "--buffer-size", "400", "--learning-starts",
         "40", "--total-timesteps", "100", "--critic-hidden-dim", "32", "--actor-hidden-dim", "16", "--no-tensorboard"]
-# The baseline's runs, in fp32 and with --amp, and the twin's modes (--cudagraphs falls back to no graphs on the CPU).
-# Each also with 3-step returns, which reach across the episodes that end in these runs.
+# The baseline's runs, in fp32 and with --amp, and the twin's modes (--cudagraphs falls back to no graphs on the CPU;
+# compiled with --amp, as Humanoid's commands run; check_update_equivalence compiles the fp32 functions). Each also
+# with 3-step returns, which reach across the episodes that end in these runs.
 BASELINE_RUNS = [pytest.param([], id="fp32"), pytest.param(["--amp"], id="amp"),
                  pytest.param(["--num-steps", "3"], id="num-steps-3")]  # fmt: skip
-TWIN_MODES = [], ["--cudagraphs"], ["--compile", "--cudagraphs"], ["--amp"]
+TWIN_MODES = [], ["--cudagraphs"], ["--compile", "--cudagraphs", "--amp"], ["--amp"]
 TWIN_RUNS = [pytest.param(mode, id=mode_id(mode)) for mode in TWIN_MODES] + [
     pytest.param(["--num-steps", "3"], id="num-steps-3")]
 # Bad input that both twins refuse: (argv, fragments the error line must name).
@@ -159,8 +160,9 @@ def check_amp_update(algo, **kwargs):
         for script, (update_critic, update_actor, *_) in ((algo.base, fns_b), (algo.fast, fns_f)):
             torch.manual_seed(0)
             stats[script, amp] = {**update_critic(*batch), **update_actor(batch[0])}
-        if algo.act:
-            assert algo.act(fns_f[-1], batch[0]).dtype == torch.float32
+        if algo.act:  # in --amp's autocast, which the collect step enters around the policy
+            with torch.autocast("cpu", torch.bfloat16, enabled=amp):
+                assert algo.act(fns_f[-1], batch[0]).dtype == torch.float32
     for name, value in stats[algo.base, True].items():
         torch.testing.assert_close(stats[algo.fast, True][name], value, atol=1e-2, rtol=1e-2, msg=name)
         torch.testing.assert_close(value, stats[algo.base, False][name], atol=5e-2, rtol=5e-2, msg=name)
@@ -179,8 +181,14 @@ def check_baseline_runs(algo, amp, capsys):
 
 def check_twin_runs(algo, mode, capsys):
     """The twin through learning starts, warm-up and its fps window; without CUDA --cudagraphs runs without graphs
-    (--compile with it: the compiled functions). --profile-dir traces its phases (the policy runs in env_step)."""
+    (--compile with it: the compiled functions). --profile-dir traces its phases (the policy runs in env_step).
+    Compiled, every graph is one AOTAutograd's cache keeps (--amp's autocast entered around them, not in them): a
+    warm start traces none of them again."""
+    aot = torch._dynamo.utils.counters["aot_autograd"]
+    aot.clear()
     assert_steady(run_mode(algo.fast, TINY + ["--profile-dir", "profile"], mode, capsys), 100)
+    if "--compile" in mode:
+        assert aot["total"] >= 6 and aot["autograd_cache_bypass"] == 0, dict(aot)
     assert_trace_phases("profile", algo.fast, env_steps_per_call=4, phases=("env_step", "update", "other"))
 
 
