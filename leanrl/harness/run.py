@@ -55,9 +55,8 @@ class Run:
         for stream in ("stdout", "stderr"):  # closed (>&-, 2>&-): its lines go nowhere, not onto the other one
             if getattr(sys, stream) is None:
                 setattr(sys, stream, open(os.devnull, "w"))
-        self.t_mark = time.perf_counter()
+        self.t_mark = time.perf_counter()  # the warm-up's split: "imports" the process's start to here, then "start"
         self.t_start = self.t_mark - (age() if self.program else 0.0)  # called from other code: from here
-        # The warm-up's seconds by phase: "imports" the process's start to here, "start" from here to the loop.
         self.warmup_split = {"imports": self.t_mark - self.t_start}
         self.script = os.path.basename(script_file).removesuffix(".py")
         if ranks is None and int(os.environ.get("WORLD_SIZE", 1)) > 1:
@@ -362,8 +361,7 @@ class Run:
     def record(self, window, t_end):
         """The speed record (docs/contract.md): the fps of the steady window, the warm-up apart."""
         args, cuda, steps, steady = self.args, self.device.type == "cuda", self.steps, window.steady(self.steps)
-        imports = self.warmup_split["imports"]
-        # no window: its warm-up is what came before the loop
+        imports = self.warmup_split["imports"]  # no window: its warm-up is what came before the loop
         split = self.warmup_split if steady else {"imports": imports, "start": window.t_loop - self.t_start - imports}
         return {
             "script": self.script, "env_id": args.env_id, "seed": args.seed, "compile": getattr(args, "compile", False),
