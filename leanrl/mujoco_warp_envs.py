@@ -13,6 +13,7 @@ import os
 import sys
 import tempfile
 from contextlib import contextmanager
+from unittest.mock import patch
 
 import gymnasium as gym
 import mujoco
@@ -190,6 +191,32 @@ def start_warp(device):
     wp.set_device(str(device))
 
 
+def load_kernels(calls):
+    """Build (or load from Warp's cache) every kernel module that `calls` launch, many at once. Warp loads a module
+    when one of its kernels first launches, so a first step builds its 40-odd modules one after another; here a dry
+    run of the calls, with Warp's launches only noted and each of its conditional blocks run once, finds them, and
+    Warp's loader builds them on parallel threads (its compilers run outside Python's lock)."""
+    launched = {}  # block_dim -> {module name: module}
+
+    def note(kernel, dim, *args, block_dim=None, **kwargs):
+        if math.prod(dim if isinstance(dim, (tuple, list)) else [dim]) > 0:  # Warp loads nothing for an empty launch
+            launched.setdefault(block_dim, {})[kernel.module.name] = kernel.module
+
+    def body_once(condition, while_body, stream=None, **kwargs):
+        while_body(**kwargs)
+
+    def both_branches(condition, on_true=None, on_false=None, stream=None, **kwargs):
+        for branch in (on_true, on_false):
+            if branch is not None:
+                branch(**kwargs)
+
+    with patch.multiple(wp, launch=note, launch_tiled=note, capture_while=body_once, capture_if=both_branches):
+        for call in calls:
+            call()
+    for block_dim, modules in launched.items():
+        wp.force_load(wp.get_device(), modules=list(modules.values()), block_dim=block_dim, max_workers=os.cpu_count())
+
+
 class Envs:
     """num_envs copies of one of ENVS as MuJoCo Warp worlds on torch's device, whose arrays torch reads and writes in
     place (wp.to_torch: no copy), with gymnasium's time limit and same-step auto-reset, and CleanRL's wrappers as
@@ -216,9 +243,11 @@ class Envs:
         self.qpos0 = torch.as_tensor(mjm.qpos0, device=device).float()
         self.mass_share = torch.as_tensor(mjm.body_mass / mjm.body_mass.sum(), device=device).float()
         self.low, self.high = torch.as_tensor(mjm.actuator_ctrlrange, device=device).float().unbind(1)
-        # The kernels load here (built on first use: about a minute on a GPU, more on a CPU; then cached). On CUDA each
-        # Warp call of the envs is one Warp graph.
-        for physics in ["mujoco_steps"] + ["kinematics"] * self.task.com_obs:
+        # The kernels load here (built on first use, then cached), all at once; on CUDA each Warp call of the envs is
+        # then one Warp graph.
+        physics_calls = ["mujoco_steps"] + ["kinematics"] * self.task.com_obs
+        load_kernels([getattr(self, physics) for physics in physics_calls])
+        for physics in physics_calls:
             if device.type == "cuda":
                 with wp.ScopedCapture() as capture:
                     getattr(self, physics)()

@@ -258,6 +258,42 @@ def test_capturable_envs_step_as_envs():
         assert torch.equal(ours, theirs), step
 
 
+@pytest.mark.parametrize("env_id", ["Ant-v5", "Humanoid-v5"])
+def test_load_kernels_loads_every_module_the_physics_launches(env_id, monkeypatch):
+    """load_kernels' dry run finds every Warp module an env's physics launches (Ant: its contact forces; Humanoid:
+    the kinematics call too) and hands those alone to Warp's loader: after it the physics loads no module, and the
+    modules loaded are the ones the physics then launches. Warp's launch functions are its own again afterwards."""
+    warp_context = mujoco_warp_envs.wp._src.context
+    envs = Envs(env_id, WORLDS, 0.99, CPU)
+    calls = [envs.mujoco_steps] + [envs.kinematics] * envs.task.com_obs
+    for module in warp_context.user_modules.values():
+        module.unload()
+    wp, forced, force_load = mujoco_warp_envs.wp, set(), mujoco_warp_envs.wp.force_load
+
+    def noted_force_load(device, modules, **kwargs):
+        forced.update(module.name for module in modules)
+        return force_load(device, modules=modules, **kwargs)
+
+    launches = wp.launch, wp.launch_tiled, wp.capture_while, wp.capture_if
+    monkeypatch.setattr(wp, "force_load", noted_force_load)
+    mujoco_warp_envs.load_kernels(calls)
+    assert (wp.launch, wp.launch_tiled, wp.capture_while, wp.capture_if) == launches
+    loaded = {name for name, module in warp_context.user_modules.items() if module.execs}
+    assert len(loaded) > 10  # the physics' own modules and the model's specialised kernels
+
+    launched, load = set(), warp_context.Module.load
+
+    def noted_load(module, *args, **kwargs):
+        launched.add(module.name)
+        assert module.execs, f"{module.name} was not loaded by load_kernels"
+        return load(module, *args, **kwargs)
+
+    monkeypatch.setattr(warp_context.Module, "load", noted_load)
+    for call in calls:
+        call()
+    assert launched == loaded == forced  # each found by the dry run, none loaded by a kernel run in it
+
+
 @pytest.mark.parametrize("name", ["ppo_continuous_action_gpu_mujoco", "td3_gpu_mujoco", "sac_gpu_mujoco"])
 def test_every_script_on_mujoco_warp_makes_these_envs(name):
     """The envs checked here are the scripts': each baseline makes Envs, each twin CapturableEnvs, from the module."""
