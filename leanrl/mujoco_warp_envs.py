@@ -12,6 +12,7 @@ import math
 import os
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from unittest.mock import patch
 
@@ -195,7 +196,9 @@ def load_kernels(calls):
     """Build (or load from Warp's cache) every kernel module that `calls` launch, many at once. Warp loads a module
     when one of its kernels first launches, so a first step builds its 40-odd modules one after another; here a dry
     run of the calls, with Warp's launches only noted and each of its conditional blocks run once, finds them, and
-    Warp's loader builds them on parallel threads (its compilers run outside Python's lock)."""
+    Warp's loader builds them on parallel threads (its compilers run outside Python's lock). The loader takes one
+    block size a call; the calls run at once, or each size's modules would wait for the slowest module of the size
+    before (Humanoid's cold build on an H200: 22 s so, 35 s one size after another)."""
     launched = {}  # block_dim -> {module name: module}
 
     def note(kernel, dim, *args, block_dim=None, **kwargs):
@@ -213,8 +216,12 @@ def load_kernels(calls):
     with patch.multiple(wp, launch=note, launch_tiled=note, capture_while=body_once, capture_if=both_branches):
         for call in calls:
             call()
-    for block_dim, modules in launched.items():
-        wp.force_load(wp.get_device(), modules=list(modules.values()), block_dim=block_dim, max_workers=os.cpu_count())
+    device = wp.get_device()
+    with ThreadPoolExecutor(len(launched)) as sizes:
+        loads = [sizes.submit(wp.force_load, device, modules=list(modules.values()), block_dim=block_dim,
+                              max_workers=os.cpu_count()) for block_dim, modules in launched.items()]
+        for load in loads:
+            load.result()  # a build's error, raised here
 
 
 class Envs:

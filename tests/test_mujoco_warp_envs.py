@@ -8,6 +8,7 @@ other; cached in ~/.cache/warp), inside the first test that makes envs."""
 
 import subprocess
 import sys
+import threading
 
 import gymnasium as gym
 import mujoco
@@ -262,17 +263,21 @@ def test_capturable_envs_step_as_envs():
 def test_load_kernels_loads_every_module_the_physics_launches(env_id, monkeypatch):
     """load_kernels' dry run finds every Warp module an env's physics launches (Ant: its contact forces; Humanoid:
     the kinematics call too) and hands those alone to Warp's loader: after it the physics loads no module, and the
-    modules loaded are the ones the physics then launches. Warp's launch functions are its own again afterwards."""
+    modules loaded are the ones the physics then launches. Warp's launch functions are its own again afterwards. The
+    loader's calls (one a block size) run at once: each waits here until another has started."""
     warp_context = mujoco_warp_envs.wp._src.context
     envs = Envs(env_id, WORLDS, 0.99, CPU)
     calls = [envs.mujoco_steps] + [envs.kinematics] * envs.task.com_obs
     for module in warp_context.user_modules.values():
         module.unload()
     wp, forced, force_load = mujoco_warp_envs.wp, set(), mujoco_warp_envs.wp.force_load
+    block_sizes, together = set(), threading.Barrier(2, timeout=120)
 
-    def noted_force_load(device, modules, **kwargs):
+    def noted_force_load(device, modules, block_dim, **kwargs):
+        block_sizes.add(block_dim)
+        together.wait()  # broken (an error) when the calls come one after another
         forced.update(module.name for module in modules)
-        return force_load(device, modules=modules, **kwargs)
+        return force_load(device, modules=modules, block_dim=block_dim, **kwargs)
 
     launches = wp.launch, wp.launch_tiled, wp.capture_while, wp.capture_if
     monkeypatch.setattr(wp, "force_load", noted_force_load)
@@ -280,6 +285,7 @@ def test_load_kernels_loads_every_module_the_physics_launches(env_id, monkeypatc
     assert (wp.launch, wp.launch_tiled, wp.capture_while, wp.capture_if) == launches
     loaded = {name for name, module in warp_context.user_modules.items() if module.execs}
     assert len(loaded) > 10  # the physics' own modules and the model's specialised kernels
+    assert len(block_sizes) == 4  # Warp's default and the tiled kernels' 32, 64 and 128 threads
 
     launched, load = set(), warp_context.Module.load
 
