@@ -230,7 +230,7 @@ def make_update_fns(agent, args):
         return qf_loss, {"qf1_values": qf1_values, "qf2_values": qf2_values, **losses}  # qf_loss halved, as CleanRL
 
     def update_critic(*batch):
-        with autocast(args, agent.log_alpha.device):  # trick 2: torch.compile: autocast around the loss (below)
+        with autocast(args, batch[0].device):  # trick 2: torch.compile: autocast around the loss (below)
             qf_loss, stats = critic_loss(*batch)
         agent.q_optimizer.zero_grad(set_to_none=not dist.is_initialized())  # the flat buffer's views stay
         qf_loss.backward()
