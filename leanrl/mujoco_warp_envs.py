@@ -3,6 +3,7 @@ worlds on the device that torch uses, with gymnasium's time limit, same-step aut
 (docs/gpu_mujoco.md). The scripts on MuJoCo Warp import it as they import gymnasium:
 
     envs = Envs(env_id, num_envs, gamma, device)  # the twins: CapturableEnvs, whose physics joins torch's CUDA graphs
+    envs.start()  # the first reset, once Warp's kernels, which build from Envs(), are built
     next_obs, reward, done, final_obs, bootstrapped = envs.step(action)  # normalised, as PPO trains on them
     next_obs, final_obs, reward, terminated, truncated = envs.step_raw(action)  # raw; envs.obs_rms to normalise
     env = gymnasium_env(env_id, video_folder)  # --eval-checkpoint's: gymnasium's own, which renders videos
@@ -193,12 +194,13 @@ def start_warp(device):
 
 
 def load_kernels(calls):
-    """Build (or load from Warp's cache) every kernel module that `calls` launch, many at once. Warp loads a module
-    when one of its kernels first launches, so a first step builds its 40-odd modules one after another; here a dry
-    run of the calls, with Warp's launches only noted and each of its conditional blocks run once, finds them, and
-    Warp's loader builds them on parallel threads (its compilers run outside Python's lock). The loader takes one
-    block size a call; the calls run at once, or each size's modules would wait for the slowest module of the size
-    before (Humanoid's cold build on an H200: 22 s so, 35 s one size after another)."""
+    """Start building (or loading from Warp's cache) every kernel module that `calls` launch, many at once; returns
+    the builds' futures. Warp loads a module when one of its kernels first launches, so a first step builds its
+    40-odd modules one after another; here a dry run of the calls, with Warp's launches only noted and each of its
+    conditional blocks run once, finds them, and Warp's loader builds them on parallel threads (its compilers run
+    outside Python's lock). The loader takes one block size a call; the calls run at once, or each size's modules
+    would wait for the slowest module of the size before (Humanoid's cold build on an H200: 22 s so, 35 s one size
+    after another). The process's own thread goes on meanwhile: the twins compile torch's code while Warp builds."""
     launched = {}  # block_dim -> {module name: module}
 
     def note(kernel, dim, *args, block_dim=None, **kwargs):
@@ -217,11 +219,11 @@ def load_kernels(calls):
         for call in calls:
             call()
     device = wp.get_device()
-    with ThreadPoolExecutor(len(launched)) as sizes:
-        loads = [sizes.submit(wp.force_load, device, modules=list(modules.values()), block_dim=block_dim,
-                              max_workers=os.cpu_count()) for block_dim, modules in launched.items()]
-        for load in loads:
-            load.result()  # a build's error, raised here
+    sizes = ThreadPoolExecutor(len(launched))
+    builds = [sizes.submit(wp.force_load, device, modules=list(modules.values()), block_dim=block_dim,
+                           max_workers=os.cpu_count()) for block_dim, modules in launched.items()]  # fmt: skip
+    sizes.shutdown(wait=False)
+    return builds
 
 
 class Envs:
@@ -250,31 +252,38 @@ class Envs:
         self.qpos0 = torch.as_tensor(mjm.qpos0, device=device).float()
         self.mass_share = torch.as_tensor(mjm.body_mass / mjm.body_mass.sum(), device=device).float()
         self.low, self.high = torch.as_tensor(mjm.actuator_ctrlrange, device=device).float().unbind(1)
-        # The kernels load here (built on first use, then cached), all at once; on CUDA each Warp call of the envs is
-        # then one Warp graph.
-        physics_calls = ["mujoco_steps"] + ["kinematics"] * self.task.com_obs
-        load_kernels([getattr(self, physics) for physics in physics_calls])
-        for physics in physics_calls:
-            if device.type == "cuda":
+        self.n_obs = self.observe().shape[1]
+        zeros = lambda *shape, dtype=torch.float32: torch.zeros(shape, dtype=dtype, device=device)  # noqa: E731
+        self.x_before, self.episode_return, self.ended = zeros(num_envs), zeros(num_envs), zeros(3, num_envs)
+        self.elapsed, self.discounted_return = zeros(num_envs, dtype=torch.int32), zeros(num_envs, dtype=torch.float64)
+        self.obs_rms, self.return_rms = RunningMeanStd(self.n_obs, device), RunningMeanStd((), device)
+        self.obs, self.done = zeros(num_envs, self.n_obs), zeros(num_envs)
+        names = "qpos", "qvel", "warmstart", "x_before", "elapsed", "episode_return", "discounted_return", "obs", "done"
+        self.state = {name: getattr(self, name) for name in names}
+        for name, rms in (("obs", self.obs_rms), ("return", self.return_rms)):
+            self.state.update({f"{name}_{key}": value for key, value in vars(rms).items()})
+        # The kernels build (or load from Warp's cache) on threads from here, all at once, until start().
+        self.physics_calls = ["mujoco_steps"] + ["kinematics"] * self.task.com_obs
+        self.builds = load_kernels([getattr(self, physics) for physics in self.physics_calls])
+
+    def start(self):
+        """The envs' first reset, of every env, after Warp's kernels are built (on CUDA each Warp call of the envs is
+        then one Warp graph); the observation statistics start from its observations."""
+        for build in self.builds:
+            build.result()  # a build's error, raised here
+        for physics in self.physics_calls:
+            if self.qpos.is_cuda:
                 with wp.ScopedCapture() as capture:
                     getattr(self, physics)()
                 self.graphs[physics] = capture.graph
             else:
                 getattr(self, physics)()
         wp.synchronize_device()
-        zeros = lambda *shape, dtype=torch.float32: torch.zeros(shape, dtype=dtype, device=device)  # noqa: E731
-        self.x_before, self.episode_return, self.ended = zeros(num_envs), zeros(num_envs), zeros(3, num_envs)
-        self.elapsed, self.discounted_return = zeros(num_envs, dtype=torch.int32), zeros(num_envs, dtype=torch.float64)
-        everyone = torch.ones(num_envs, dtype=torch.bool, device=device)
+        everyone = torch.ones(self.num_envs, dtype=torch.bool, device=self.qpos.device)
         self.reset(everyone)
         raw_obs = self.observe(fresh=everyone)
-        self.obs_rms, self.return_rms = RunningMeanStd(raw_obs.shape[1:], device), RunningMeanStd((), device)
         self.obs_rms.update(raw_obs)
-        self.obs, self.done = self.obs_rms.normalize(raw_obs), zeros(num_envs)
-        names = "qpos", "qvel", "warmstart", "x_before", "elapsed", "episode_return", "discounted_return", "obs", "done"
-        self.state = {name: getattr(self, name) for name in names}
-        for name, rms in (("obs", self.obs_rms), ("return", self.return_rms)):
-            self.state.update({f"{name}_{key}": value for key, value in vars(rms).items()})
+        self.obs.copy_(self.obs_rms.normalize(raw_obs))
 
     def mujoco_steps(self):
         """gymnasium's do_simulation: frame_skip MuJoCo steps, and Ant's contact forces (mj_rnePostConstraint)."""

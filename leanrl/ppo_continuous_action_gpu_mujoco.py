@@ -226,11 +226,12 @@ def train(args, run):
     np.random.seed(args.seed + rank)
     torch.manual_seed(args.seed + rank)
     device, phase = run.device, run.phase
-    envs = Envs(args.env_id, args.num_envs, args.gamma, device)
-    n_obs, n_act = envs.obs.shape[1], envs.n_act
+    envs = Envs(args.env_id, args.num_envs, args.gamma, device)  # Warp's kernels build from here until start()
+    n_obs, n_act = envs.n_obs, envs.n_act
     agent = Agent(args, n_obs, n_act, device)
     gae, update = make_update_fns(agent, args)
     rollout = Rollout(args.num_steps, args.num_envs, n_obs, n_act, device)
+    envs.start()
     # The envs are device tensors: a checkpoint holds them, and a resumed run goes on as the uninterrupted one (under
     # torchrun: rank 0's envs, which every rank resumes from).
     state = {"net": agent.net, "optimizer": agent.optimizer, "envs": envs.state}

@@ -15,7 +15,8 @@ import torch.optim as optim
 from tensordict.nn import CudaGraphModule
 from torch.distributions.normal import Normal
 
-from harness import Run, agree, average, exit_code, fail, flat_gradients, parse_args, setup_distributed, world
+from harness import (Run, agree, average, exit_code, fail, flat_gradients, parse_args, rolled_back, setup_distributed,
+                     world)
 from mujoco_warp_envs import ENVS, CapturableEnvs, RunningMeanStd, gymnasium_env, saved_obs_rms
 
 
@@ -315,11 +316,18 @@ def train(args, run):
     torch.manual_seed(args.seed + rank)
     device, phase = run.device, run.phase
     # trick 15: the rollout captured: these envs' physics can join a step's graph
-    envs = CapturableEnvs(args.env_id, args.num_envs, args.gamma, device)
-    n_obs, n_act = envs.obs.shape[1], envs.n_act
+    envs = CapturableEnvs(args.env_id, args.num_envs, args.gamma, device)  # Warp's kernels build until start()
+    n_obs, n_act = envs.n_obs, envs.n_act
     agent = Agent(args, n_obs, n_act, device)
     gae, update, policy, stats = make_update_fns(agent, args)
     rollout = Rollout(args.num_steps, args.num_envs, n_obs, n_act, device)
+    if args.compile:  # trick 22: compile while Warp builds: GAE, an update and an action on zeros, then rolled back
+        with rolled_back({"net": agent.net, "optimizer": agent.optimizer}, device):
+            gae(rollout.obs[-1], rollout.dones[-1], rollout.rewards, rollout.values, rollout.dones[:-1])
+            # a minibatch: obs, actions, logprobs, advantages, returns, values
+            update(*[torch.zeros(minibatch_size, *row, device=device) for row in ((n_obs,), (n_act,), *[()] * 4)])
+            policy(rollout.obs[0])
+    envs.start()
     collect = make_collect(agent, policy, envs, rollout, args)
     # The envs are device tensors: a checkpoint holds them, and a resumed run goes on as the uninterrupted one (under
     # torchrun: rank 0's envs, which every rank resumes from).

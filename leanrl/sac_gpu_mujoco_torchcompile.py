@@ -16,7 +16,8 @@ import torch.nn.functional as F
 import torch.optim as optim
 from tensordict.nn import CudaGraphModule
 
-from harness import Run, average, check_due, exit_code, fail, flat_gradients, parse_args, setup_distributed, world
+from harness import (Run, average, check_due, exit_code, fail, flat_gradients, parse_args, rolled_back,
+                     setup_distributed, world)
 from mujoco_warp_envs import ENVS, CapturableEnvs, gymnasium_env, saved_obs_rms
 from replay_buffers import CapturableReplayBuffer
 
@@ -391,15 +392,22 @@ def train(args, run):
     # --total-timesteps and --learning-starts do.
     all_envs = n_envs * world_size  # env steps of one vector step of all ranks
     # trick 15: the rollout captured: these envs' physics can join collect's graph
-    envs = CapturableEnvs(args.env_id, n_envs, args.gamma, device)
-    n_obs, n_act = envs.obs.shape[1], envs.n_act  # envs.obs_rms: statistics of the first observations
+    envs = CapturableEnvs(args.env_id, n_envs, args.gamma, device)  # Warp's kernels build from here until start()
+    n_obs, n_act = envs.n_obs, envs.n_act  # envs.obs_rms: statistics of the first observations
     agent = Agent(args, n_obs, n_act, envs.low, envs.high, device)
     update_critic, update_actor, update_targets, policy = make_update_fns(agent, args)
     # trick 7: no host sync: where the buffer's next rows go and how many it holds, on the device
     rb = CapturableReplayBuffer(args.buffer_size, n_envs, n_obs, n_act, args.num_steps, args.gamma, device)
+    train_step, stats = make_train_step(rb, envs.obs_rms, update_critic, update_actor, update_targets, args)
+    if args.compile:  # trick 22: compile while Warp builds: an update and an action on zeros, then rolled back
+        with rolled_back({**{name: getattr(agent, name) for name in AGENT_STATE}, "rb_size": rb.size}, device):
+            rb.size.fill_(1)  # one row held: a sample of the buffer's zeros, shaped as every sample
+            train_step([True])
+            with autocast(args, device):
+                policy(envs.obs)
+    envs.start()
     obs = envs.observe(fresh=torch.ones(n_envs, dtype=torch.bool, device=device))  # raw; updated in place
     collect = make_collect(policy, envs, rb, obs, args)
-    train_step, stats = make_train_step(rb, envs.obs_rms, update_critic, update_actor, update_targets, args)
     # The envs are device tensors: a checkpoint holds them, and a resumed run goes on as the uninterrupted one.
     state = {**{name: getattr(agent, name) for name in AGENT_STATE}, "rb": rb, "envs": envs.state, "obs": obs}
     first_step = run.start(state, total_steps=args.total_timesteps, warmup_steps=WARMUP_STEPS * all_envs,

@@ -279,11 +279,12 @@ def train(args, run):
     # --total-timesteps and --learning-starts do.
     all_envs = n_envs * world_size  # env steps of one vector step of all ranks
     batch_size = args.batch_size // world_size  # this rank's share of the global batch
-    envs = Envs(args.env_id, n_envs, args.gamma, device)
-    n_obs, n_act, obs_rms = envs.obs.shape[1], envs.n_act, envs.obs_rms  # statistics of the first observations
+    envs = Envs(args.env_id, n_envs, args.gamma, device)  # Warp's kernels build from here until start()
+    n_obs, n_act, obs_rms = envs.n_obs, envs.n_act, envs.obs_rms  # statistics of the first observations
     agent = Agent(args, n_obs, n_act, envs.low, envs.high, device)
     update_critic, update_actor, update_targets = make_update_fns(agent, args)
     rb = ReplayBuffer(args.buffer_size, n_envs, n_obs, n_act, args.num_steps, args.gamma, device)
+    envs.start()
     obs = envs.observe(fresh=torch.ones(n_envs, dtype=torch.bool, device=device))  # raw; updated in place
     noise_scales = draw_noise_scales(args, n_envs, device)
     stats = {}  # the latest value of each of STATS

@@ -35,6 +35,7 @@ from helpers import (
 import harness
 
 NAME = "least_squares"
+CPU = torch.device("cpu")
 IMPORTED = time.perf_counter()  # this process started earlier
 pytestmark = pytest.mark.usefixtures("workdir")
 
@@ -94,6 +95,34 @@ def test_resume_restores_the_state_in_place(capsys, monkeypatch):
     seconds = [t for _, t, _ in record["return_curve"]]
     assert record["return_curve"][: len(saved["curve"])] == saved["curve"] and seconds == sorted(seconds)
     assert seconds[-1] >= saved["seconds"] >= saved["curve"][-1][1] and checkpoint_of("run")["seconds"] >= seconds[-2]
+
+
+def test_rolled_back_undoes_what_its_block_changed():
+    """rolled_back puts back, into the same tensors, what its block changed of a module, a dict of tensors, a tensor
+    and torch's random generator; a fresh optimizer's state, which its step in the block made, stays zeroed: the
+    next step is a fresh optimizer's first, bit for bit. An optimizer that has stepped before is refused."""
+    torch.manual_seed(0)
+    net, targets, count = torch.nn.Linear(3, 2), {"w": torch.ones(2)}, torch.zeros(1, dtype=torch.long)
+    fresh = copy.deepcopy(net)
+    optimizer, fresh_optimizer = (torch.optim.AdamW(n.parameters(), lr=0.1) for n in (net, fresh))
+    weight, generator = net.weight, torch.get_rng_state()
+    with harness.rolled_back({"net": net, "targets": targets, "count": count, "optimizer": optimizer}, CPU):
+        net(torch.randn(4, 3)).sum().backward()
+        optimizer.step()
+        targets["w"].add_(1.0)
+        count.add_(5)
+    assert net.weight is weight and torch.equal(net.weight, fresh.weight) and torch.equal(net.bias, fresh.bias)
+    assert torch.equal(targets["w"], torch.ones(2)) and count.item() == 0
+    assert torch.equal(torch.get_rng_state(), generator)
+    x = torch.randn(4, 3)
+    for n, o in ((net, optimizer), (fresh, fresh_optimizer)):
+        o.zero_grad()
+        n(x).square().sum().backward()
+        o.step()
+    assert torch.equal(net.weight, fresh.weight) and torch.equal(net.bias, fresh.bias)
+    with pytest.raises(AssertionError, match="stepped"):
+        with harness.rolled_back({"optimizer": optimizer}, CPU):
+            pass
 
 
 def test_a_copied_folder_resumes_into_the_copy(capsys):

@@ -67,7 +67,9 @@ def make_envs(env_id, num_envs, monkeypatch, cone=True):
         load = mujoco.MjModel.from_xml_path
         monkeypatch.setattr(mujoco.MjModel, "from_xml_path", lambda path: elliptic(load(path)))
     torch.manual_seed(0)
-    return Envs(env_id, num_envs, 0.99, CPU)
+    envs = Envs(env_id, num_envs, 0.99, CPU)
+    envs.start()
+    return envs
 
 
 def time_limit(env):
@@ -252,6 +254,7 @@ def test_capturable_envs_step_as_envs():
     for make in (Envs, CapturableEnvs):
         torch.manual_seed(0)
         envs = make("Hopper-v5", WORLDS, 0.99, CPU)
+        envs.start()
         actions = torch.rand(40, WORLDS, envs.n_act) * 2 - 1
         steps.append([torch.cat([x.double().flatten() for x in envs.step(action)]) for action in actions])
         assert envs.ended_episodes()[0] > 0
@@ -267,6 +270,7 @@ def test_load_kernels_loads_every_module_the_physics_launches(env_id, monkeypatc
     loader's calls (one a block size) run at once: each waits here until another has started."""
     warp_context = mujoco_warp_envs.wp._src.context
     envs = Envs(env_id, WORLDS, 0.99, CPU)
+    envs.start()  # its own builds done before the modules are unloaded
     calls = [envs.mujoco_steps] + [envs.kinematics] * envs.task.com_obs
     for module in warp_context.user_modules.values():
         module.unload()
@@ -281,7 +285,8 @@ def test_load_kernels_loads_every_module_the_physics_launches(env_id, monkeypatc
 
     launches = wp.launch, wp.launch_tiled, wp.capture_while, wp.capture_if
     monkeypatch.setattr(wp, "force_load", noted_force_load)
-    mujoco_warp_envs.load_kernels(calls)
+    for build in mujoco_warp_envs.load_kernels(calls):
+        build.result()
     assert (wp.launch, wp.launch_tiled, wp.capture_while, wp.capture_if) == launches
     loaded = {name for name, module in warp_context.user_modules.items() if module.execs}
     assert len(loaded) > 10  # the physics' own modules and the model's specialised kernels
@@ -298,6 +303,31 @@ def test_load_kernels_loads_every_module_the_physics_launches(env_id, monkeypatc
     for call in calls:
         call()
     assert launched == loaded == forced  # each found by the dry run, none loaded by a kernel run in it
+
+
+def test_envs_return_while_warp_builds(monkeypatch):
+    """Envs() returns while Warp's loader builds the kernels, so that the caller's own work (a twin's compile) runs
+    meanwhile; start() waits for the builds, then resets every env and takes the observation statistics' first
+    sample; a build's error is raised by start(). Here each build waits until the test lets it go."""
+    go, failing, force_load = threading.Event(), [], mujoco_warp_envs.wp.force_load
+
+    def held_force_load(device, modules, block_dim, **kwargs):
+        assert go.wait(timeout=120)
+        if failing:
+            raise RuntimeError("NVRTC failed")
+        return force_load(device, modules=modules, block_dim=block_dim, **kwargs)
+
+    monkeypatch.setattr(mujoco_warp_envs.wp, "force_load", held_force_load)
+    envs = Envs("Hopper-v5", WORLDS, 0.99, CPU)
+    assert envs.builds and not any(build.done() for build in envs.builds)
+    assert envs.n_obs == 11 and float(envs.obs_rms.count) < 1  # nothing observed yet
+    go.set()
+    envs.start()
+    assert float(envs.obs_rms.count) > WORLDS - 1 and torch.equal(envs.elapsed, torch.zeros_like(envs.elapsed))
+    torch.testing.assert_close(envs.obs, envs.obs_rms.normalize(envs.observe(fresh=torch.ones(WORLDS, dtype=torch.bool))))
+    failing.append(True)
+    with pytest.raises(RuntimeError, match="NVRTC failed"):
+        Envs("Hopper-v5", WORLDS, 0.99, CPU).start()
 
 
 @pytest.mark.parametrize("name", ["ppo_continuous_action_gpu_mujoco", "td3_gpu_mujoco", "sac_gpu_mujoco"])

@@ -41,7 +41,12 @@ def recorded_run(name, argv):
         class Recorded(getattr(script, attribute)):
             def __init__(self, *args, key=key):
                 super().__init__(*args)
-                made[key] = self.qpos.clone() if key == "first_qpos" else self
+                if key != "first_qpos":
+                    made[key] = self
+
+            def start(self):  # the envs': their positions after the first reset
+                super().start()
+                made["first_qpos"] = self.qpos.clone()
 
             def sample(self, batch_size):  # the replay buffer's
                 sample = super().sample(batch_size)

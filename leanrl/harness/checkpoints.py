@@ -2,6 +2,7 @@
 
 import os
 import random
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -67,6 +68,25 @@ def load_state(state, saved, env_id, name="state"):
         if why.startswith("zip()"):  # a strict zip of per-env parts: Python's words say nothing of the run
             why = "it holds another number of parts, one per env (another --num-envs?)"
         fail(f"--resume: the checkpoint's {name} does not fit this run on {env_id}: {why}")
+
+
+@contextmanager
+def rolled_back(parts, device):
+    """What the block changes of parts ({name: module, tensor, dict of tensors, or optimizer}) and of torch's random
+    generators, undone after it, in place: compiled functions and captured graphs hold these very tensors. An
+    optimizer must be fresh: the state its first step makes stays, zeroed, as a first step makes it."""
+    flat = [part for part in parts.values() for part in (part.values() if isinstance(part, dict) else [part])]
+    optimizers = [part for part in flat if isinstance(part, torch.optim.Optimizer)]
+    assert not any(optimizer.state for optimizer in optimizers), "rolled_back: an optimizer that has stepped"
+    tensors = [t for part in flat if not isinstance(part, torch.optim.Optimizer)
+               for t in (part.state_dict(keep_vars=True).values() if isinstance(part, torch.nn.Module) else [part])]
+    kept = [t.detach().clone() for t in tensors]
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        yield
+    for tensor, value in zip(tensors, kept):
+        tensor.detach().copy_(value)
+    for value in (v for optimizer in optimizers for state in optimizer.state.values() for v in state.values()):
+        value.zero_()  # Adam's and AdamW's: the step count and both moments
 
 
 def rng_states():
