@@ -15,8 +15,7 @@ import torch.optim as optim
 from tensordict.nn import CudaGraphModule
 from torch.distributions.normal import Normal
 
-from harness import (Run, agree, average, exit_code, fail, flat_gradients, parse_args, rolled_back, setup_distributed,
-                     world)
+from harness import Run, agree, average, exit_code, fail, flat_gradients, parse_args, setup_distributed, world
 from mujoco_warp_envs import ENVS, CapturableEnvs, RunningMeanStd, gymnasium_env, saved_obs_rms
 
 
@@ -322,7 +321,7 @@ def train(args, run):
     gae, update, policy, stats = make_update_fns(agent, args)
     rollout = Rollout(args.num_steps, args.num_envs, n_obs, n_act, device)
     if args.compile:  # trick 22: compile while Warp builds: GAE, an update and an action on zeros, then rolled back
-        with rolled_back({"net": agent.net, "optimizer": agent.optimizer}, device):
+        with run.rolled_back({"net": agent.net, "optimizer": agent.optimizer}):
             gae(rollout.obs[-1], rollout.dones[-1], rollout.rewards, rollout.values, rollout.dones[:-1])
             # a minibatch: obs, actions, logprobs, advantages, returns, values
             update(*[torch.zeros(minibatch_size, *row, device=device) for row in ((n_obs,), (n_act,), *[()] * 4)])

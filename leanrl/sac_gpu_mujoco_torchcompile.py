@@ -16,8 +16,7 @@ import torch.nn.functional as F
 import torch.optim as optim
 from tensordict.nn import CudaGraphModule
 
-from harness import (Run, average, check_due, exit_code, fail, flat_gradients, parse_args, rolled_back,
-                     setup_distributed, world)
+from harness import Run, average, check_due, exit_code, fail, flat_gradients, parse_args, setup_distributed, world
 from mujoco_warp_envs import ENVS, CapturableEnvs, gymnasium_env, saved_obs_rms
 from replay_buffers import CapturableReplayBuffer
 
@@ -400,7 +399,7 @@ def train(args, run):
     rb = CapturableReplayBuffer(args.buffer_size, n_envs, n_obs, n_act, args.num_steps, args.gamma, device)
     train_step, stats = make_train_step(rb, envs.obs_rms, update_critic, update_actor, update_targets, args)
     if args.compile:  # trick 22: compile while Warp builds: an update and an action on zeros, then rolled back
-        with rolled_back({**{name: getattr(agent, name) for name in AGENT_STATE}, "rb_size": rb.size}, device):
+        with run.rolled_back({**{name: getattr(agent, name) for name in AGENT_STATE}, "rb_size": rb.size}):
             rb.size.fill_(1)  # one row held: a sample of the buffer's zeros, shaped as every sample
             train_step([True])
             with autocast(args, device):

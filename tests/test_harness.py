@@ -105,8 +105,8 @@ def test_rolled_back_undoes_what_its_block_changed():
     net, targets, count = torch.nn.Linear(3, 2), {"w": torch.ones(2)}, torch.zeros(1, dtype=torch.long)
     fresh = copy.deepcopy(net)
     optimizer, fresh_optimizer = (torch.optim.AdamW(n.parameters(), lr=0.1) for n in (net, fresh))
-    weight, generator = net.weight, torch.get_rng_state()
-    with harness.rolled_back({"net": net, "targets": targets, "count": count, "optimizer": optimizer}, CPU):
+    weight, generator, rolled_back = net.weight, torch.get_rng_state(), harness.checkpoints.rolled_back
+    with rolled_back({"net": net, "targets": targets, "count": count, "optimizer": optimizer}, CPU):
         net(torch.randn(4, 3)).sum().backward()
         optimizer.step()
         targets["w"].add_(1.0)
@@ -121,7 +121,7 @@ def test_rolled_back_undoes_what_its_block_changed():
         o.step()
     assert torch.equal(net.weight, fresh.weight) and torch.equal(net.bias, fresh.bias)
     with pytest.raises(AssertionError, match="stepped"):
-        with harness.rolled_back({"optimizer": optimizer}, CPU):
+        with rolled_back({"optimizer": optimizer}, CPU):
             pass
 
 

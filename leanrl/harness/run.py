@@ -29,6 +29,7 @@ from .checkpoints import (
     checkpoint_file,
     load_state,
     rng_states,
+    rolled_back,
     set_rng_states,
     state_dict,
     write_checkpoint,
@@ -96,6 +97,11 @@ class Run:
         # interrupted: by a signal; abrupt: at once, not where the loop's next unit begins
         self.interrupted, self.abrupt, self.diverged = False, False, None
         self.stops = StopSignals()
+
+    def rolled_back(self, parts):
+        """A block whose changes to parts ({name: module, fresh optimizer, tensor or dict of tensors}) and to the
+        random generators are undone after it, in place: work done ahead of the loop, such as a compile."""
+        return rolled_back(parts, self.device)
 
     def start(self, state, *, total_steps, warmup_steps, profile_steps, env_steps_per_call, warmup_from=0,
               replicated=None):
