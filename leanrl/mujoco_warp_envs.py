@@ -231,7 +231,8 @@ class Envs:
     place (wp.to_torch: no copy), with gymnasium's time limit and same-step auto-reset, and CleanRL's wrappers as
     gymnasium's vector ones: actions clipped; observations and rewards normalised with statistics of all envs, then
     clipped. The envs' returns and lengths are summed on the device until ended_episodes() reads them. `state`: the
-    tensors the envs go on from, for checkpoints."""
+    tensors the envs go on from, for checkpoints. Warp's kernels build on threads from the envs' making until
+    start(), the first reset, which comes before any step."""
 
     def __init__(self, env_id, num_envs, gamma, device):
         self.task, self.num_envs, self.gamma = ENVS[env_id], num_envs, gamma
