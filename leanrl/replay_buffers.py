@@ -8,6 +8,8 @@ Observations are stored raw (the scripts normalise them when sampled).
     obs, actions, rewards, next_obs, discounts = rb.sample(batch_size)  # target: rewards + discounts * value
 """
 
+from contextlib import contextmanager
+
 import torch
 
 
@@ -79,6 +81,17 @@ class CapturableReplayBuffer(ReplayBuffer):  # trick 7: no host sync
         self.storage.index_copy_(0, self.ptr, rows[None])
         self.ptr.add_(1).remainder_(len(self.storage))
         self.size.add_(1).clamp_(max=len(self.storage))
+
+    @contextmanager
+    def holding_one_row(self):
+        """The buffer as if it held one row of each env, its first (zeros until the first add): a sample then has every
+        sample's shapes and strides, for compiling ahead of the loop (the twins' trick 22). Its count put back after."""
+        held = self.size.clone()
+        self.size.fill_(1)
+        try:
+            yield
+        finally:
+            self.size.copy_(held)
 
     def draw(self, shape):
         # Uniform with the size on the device: 62-bit draws modulo the size (a relative bias below 2**-40).

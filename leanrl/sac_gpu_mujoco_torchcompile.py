@@ -399,9 +399,8 @@ def train(args, run):
     rb = CapturableReplayBuffer(args.buffer_size, n_envs, n_obs, n_act, args.num_steps, args.gamma, device)
     train_step, stats = make_train_step(rb, envs.obs_rms, update_critic, update_actor, update_targets, args)
     if args.compile:  # trick 22: compile while Warp builds: an update and an action on zeros, then rolled back
-        with run.rolled_back({**{name: getattr(agent, name) for name in AGENT_STATE}, "rb_size": rb.size}):
-            rb.size.fill_(1)  # one row held: a sample of the buffer's zeros, shaped as every sample
-            train_step([True])
+        with run.rolled_back({name: getattr(agent, name) for name in AGENT_STATE}), rb.holding_one_row():
+            train_step([True])  # on a sample of the buffer's zeros, shaped as every sample
             with autocast(args, device):
                 policy(envs.obs)
     envs.start()

@@ -70,3 +70,18 @@ def test_n_step_returns(buffer_class):
         windows.add((t, steps_taken, terminated))
     assert {t for t, _, _ in windows} == {3, 4, 5, 6, 7, 8}  # every stored step drawn, none overwritten
     assert {(n, terminated) for _, n, terminated in windows} >= {(1, True), (2, True), (3, False), (1, False)}
+
+
+def test_holding_one_row_samples_the_first_rows_as_every_sample():
+    """The twins' buffer held as if it had one row (to compile ahead of the loop): a sample of the empty buffer is
+    its zeros, with the shapes, dtypes and strides of a sample of a filled one; its count is put back after."""
+    empty, filled = (CapturableReplayBuffer(12, 4, 2, 1, 3, 0.9, CPU) for _ in range(2))
+    for t in range(3):
+        ends = torch.zeros(4, dtype=torch.bool), torch.zeros(4, dtype=torch.bool)
+        filled.add(torch.ones(4, 2), torch.ones(4, 1), torch.ones(4), torch.ones(4, 2), *ends)
+    with empty.holding_one_row():
+        sample = empty.sample(8)
+    assert int(empty.size) == 0 and int(empty.ptr) == 0
+    for got, real in zip(sample, filled.sample(8), strict=True):
+        assert (got.shape, got.dtype, got.stride()) == (real.shape, real.dtype, real.stride())
+    assert not any(x.any() for x in sample[:4])  # obs, actions, rewards, next_obs: the storage's zeros

@@ -75,11 +75,13 @@ def rolled_back(parts, device):
     """What the block changes of parts ({name: module, tensor, dict of tensors, or optimizer}) and of torch's random
     generators, undone after it, in place: compiled functions and captured graphs hold these very tensors. An
     optimizer must be fresh: the state its first step makes stays, zeroed, as a first step makes it."""
-    flat = [part for part in parts.values() for part in (part.values() if isinstance(part, dict) else [part])]
-    optimizers = [part for part in flat if isinstance(part, torch.optim.Optimizer)]
+    optimizers, tensors = [], []
+    for part in (p for part in parts.values() for p in (part.values() if isinstance(part, dict) else [part])):
+        if isinstance(part, torch.optim.Optimizer):
+            optimizers.append(part)
+        else:
+            tensors += part.state_dict(keep_vars=True).values() if isinstance(part, torch.nn.Module) else [part]
     assert not any(optimizer.state for optimizer in optimizers), "rolled_back: an optimizer that has stepped"
-    tensors = [t for part in flat if not isinstance(part, torch.optim.Optimizer)
-               for t in (part.state_dict(keep_vars=True).values() if isinstance(part, torch.nn.Module) else [part])]
     kept = [t.detach().clone() for t in tensors]
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         yield
