@@ -160,14 +160,16 @@ class Agent:
         self.qnet = QNetwork(n_obs, n_act, args.critic_hidden_dim, device="meta")  # no storage
         # trick 1: CUDA graphs: the optimizers' step counts on the device
         capturable = args.cudagraphs and device.type == "cuda"
+        # trick 2: torch.compile: the optimizers' fused steps, one kernel each already: compiled, they were Dynamo's
+        # to trace anew at every start
         self.q_optimizer = optim.AdamW(self.qnet_params.values(), lr=args.q_lr, weight_decay=args.weight_decay,
-                                       capturable=capturable)  # fmt: skip
-        self.actor_optimizer = optim.AdamW(self.actor.parameters(), lr=args.policy_lr,
-                                           weight_decay=args.weight_decay, capturable=capturable)  # fmt: skip
+                                       capturable=capturable, fused=True)  # fmt: skip
+        self.actor_optimizer = optim.AdamW(self.actor.parameters(), lr=args.policy_lr, weight_decay=args.weight_decay,
+                                           capturable=capturable, fused=True)  # fmt: skip
         # The entropy coefficient alpha = exp(log_alpha), from --alpha; --autotune steps it towards the target entropy.
         self.target_entropy = -float(n_act)
         self.log_alpha = torch.full((1,), math.log(args.alpha), device=device, requires_grad=True)
-        self.a_optimizer = optim.Adam([self.log_alpha], lr=args.q_lr, capturable=capturable)
+        self.a_optimizer = optim.Adam([self.log_alpha], lr=args.q_lr, capturable=capturable, fused=True)
 
     def qvalues(self, params, obs, actions):  # trick 4: vmapped ensemble
         """Both critics' Q values for the stacked parameters `params`: shape (2, batch, 1)."""
@@ -283,14 +285,13 @@ def make_update_fns(agent, args):
         return actions
 
     q_step, actor_step, alpha_step = agent.q_optimizer.step, agent.actor_optimizer.step, agent.a_optimizer.step
-    # trick 2: torch.compile: the losses, the optimizers' steps, the targets' update and the policy, each its own
-    # graph that the updates call by these names; the backward passes run between them, so no graph breaks at them
-    # (the code after a break is traced again at every start). --amp's autocast is entered around a compiled
-    # function, not in it: AOTAutograd's cache keeps no graph that enters autocast, and would trace it at every start.
+    # trick 2: torch.compile: the losses and the policy, each its own graph that the updates call by these names; the
+    # backward passes and the steps run between them, so no graph breaks at them (the code after a break is traced
+    # again at every start). The steps (fused) and the targets' lerp are a kernel each: nothing to compile. --amp's
+    # autocast is entered around a compiled function, not in it: AOTAutograd's cache keeps no graph that enters
+    # autocast, and would trace it at every start.
     if args.compile:
-        fns = critic_loss, actor_loss, alpha_loss, q_step, actor_step, alpha_step, update_targets, policy
-        critic_loss, actor_loss, alpha_loss, q_step, actor_step, alpha_step, update_targets, policy = map(
-            torch.compile, fns)  # fmt: skip
+        critic_loss, actor_loss, alpha_loss, policy = map(torch.compile, (critic_loss, actor_loss, alpha_loss, policy))
     if dist.is_initialized():  # the updates from all ranks' gradients: the critics', the actor's, then alpha's
         actor_update = averaged(update_actor, actor_step, agent.actor_optimizer, args)
         alpha_update = averaged(update_alpha, alpha_step, agent.a_optimizer, args) if args.autotune else update_alpha

@@ -159,10 +159,11 @@ class Agent:
         self.qnet_target = {name: p.detach().clone() for name, p in self.qnet_params.items()}
         self.qnet = QNetwork(n_obs, n_act, args.critic_hidden_dim, args.num_atoms, device="meta")  # no storage
         capturable = args.cudagraphs and device.type == "cuda"  # trick 1: CUDA graphs, AdamW's step on the device
-        self.q_optimizer = optim.AdamW(self.qnet_params.values(), lr=args.learning_rate,
-                                       weight_decay=args.weight_decay, capturable=capturable)  # fmt: skip
-        self.actor_optimizer = optim.AdamW(self.actor.parameters(), lr=args.learning_rate,
-                                           weight_decay=args.weight_decay, capturable=capturable)  # fmt: skip
+        # trick 2: torch.compile: AdamW's fused step, one kernel already: compiled, it was Dynamo's to trace anew at
+        # every start
+        adamw = dict(lr=args.learning_rate, weight_decay=args.weight_decay, capturable=capturable, fused=True)
+        self.q_optimizer = optim.AdamW(self.qnet_params.values(), **adamw)
+        self.actor_optimizer = optim.AdamW(self.actor.parameters(), **adamw)
         self.support = torch.linspace(-args.v_max, args.v_max, args.num_atoms, device=device)
         self.action_low, self.action_high = action_low, action_high
 
@@ -262,13 +263,13 @@ def make_update_fns(agent, args):
         return actions.clamp(agent.action_low, agent.action_high)
 
     q_step, actor_step = agent.q_optimizer.step, agent.actor_optimizer.step
-    # trick 2: torch.compile: the losses, the optimizers' steps, the targets' update and the policy, each its own
-    # graph that the updates call by these names; the backward passes run between them, so no graph breaks at them
-    # (the code after a break is traced again at every start). --amp's autocast is entered around a compiled
-    # function, not in it: AOTAutograd's cache keeps no graph that enters autocast, and would trace it at every start.
+    # trick 2: torch.compile: the losses and the policy, each its own graph that the updates call by these names; the
+    # backward passes and the steps run between them, so no graph breaks at them (the code after a break is traced
+    # again at every start). The steps (fused) and the targets' lerp are a kernel each: nothing to compile. --amp's
+    # autocast is entered around a compiled function, not in it: AOTAutograd's cache keeps no graph that enters
+    # autocast, and would trace it at every start.
     if args.compile:
-        fns = critic_loss, actor_loss, q_step, actor_step, update_targets, policy
-        critic_loss, actor_loss, q_step, actor_step, update_targets, policy = map(torch.compile, fns)
+        critic_loss, actor_loss, policy = map(torch.compile, (critic_loss, actor_loss, policy))
     if dist.is_initialized():  # the critics' and the actor's updates from all ranks' gradients
         return (averaged(update_critic, q_step, agent.q_optimizer, args),
                 averaged(update_actor, actor_step, agent.actor_optimizer, args), update_targets, policy)  # fmt: skip

@@ -188,7 +188,7 @@ def check_twin_runs(algo, mode, capsys):
     aot.clear()
     assert_steady(run_mode(algo.fast, TINY + ["--profile-dir", "profile"], mode, capsys), 100)
     if "--compile" in mode:
-        assert aot["total"] >= 6 and aot["autograd_cache_bypass"] == 0, dict(aot)
+        assert aot["total"] >= 3 and aot["autograd_cache_bypass"] == 0, dict(aot)  # losses, policy
     assert_trace_phases("profile", algo.fast, env_steps_per_call=4, phases=("env_step", "update", "other"))
 
 
