@@ -162,10 +162,9 @@ class Agent:
         capturable = args.cudagraphs and device.type == "cuda"
         # trick 2: torch.compile: the optimizers' fused steps, one kernel each already: compiled, they were Dynamo's
         # to trace anew at every start
-        self.q_optimizer = optim.AdamW(self.qnet_params.values(), lr=args.q_lr, weight_decay=args.weight_decay,
-                                       capturable=capturable, fused=True)  # fmt: skip
-        self.actor_optimizer = optim.AdamW(self.actor.parameters(), lr=args.policy_lr, weight_decay=args.weight_decay,
-                                           capturable=capturable, fused=True)  # fmt: skip
+        adamw = dict(weight_decay=args.weight_decay, capturable=capturable, fused=True)
+        self.q_optimizer = optim.AdamW(self.qnet_params.values(), lr=args.q_lr, **adamw)
+        self.actor_optimizer = optim.AdamW(self.actor.parameters(), lr=args.policy_lr, **adamw)
         # The entropy coefficient alpha = exp(log_alpha), from --alpha; --autotune steps it towards the target entropy.
         self.target_entropy = -float(n_act)
         self.log_alpha = torch.full((1,), math.log(args.alpha), device=device, requires_grad=True)
@@ -184,13 +183,13 @@ class Agent:
         return {**tensors, "log_alpha": self.log_alpha.detach()}
 
 
-def averaged(backward, step, optimizer, args):  # trick 19: one all-reduce of a flat buffer, between two graphs
+def averaged(backward, optimizer, args):  # trick 19: one all-reduce of a flat buffer, between two graphs
     """Under torchrun, an update from all ranks' gradients: backward(*inputs) (an update of make_update_fns, which
     there stops before its step and returns its statistics), the all-reduce of the gradients, the optimizer's
-    `step`. The gradients are views into one flat buffer (flat_gradients) that backward fills in place. Backward
+    step. The gradients are views into one flat buffer (flat_gradients) that backward fills in place. Backward
     and step are captured as --cudagraphs says; the all-reduce runs eagerly between their graphs (inside one graph,
     as the PPO Atari twin has it, was not measured for these)."""
-    grads = flat_gradients(optimizer.param_groups[0]["params"])
+    grads, step = flat_gradients(optimizer.param_groups[0]["params"]), optimizer.step
     if args.cudagraphs:
         backward, step = (CudaGraphModule(fn, warmup=3 if args.compile else 2) for fn in (backward, step))
 
@@ -237,7 +236,7 @@ def make_update_fns(agent, args):
         agent.q_optimizer.zero_grad(set_to_none=not dist.is_initialized())  # the flat buffer's views stay
         qf_loss.backward()
         if not dist.is_initialized():  # trick 19: one all-reduce of a flat buffer, else averaged steps after it
-            q_step()
+            agent.q_optimizer.step()
         return stats
 
     def actor_loss(obs):
@@ -256,7 +255,7 @@ def make_update_fns(agent, args):
         loss.backward()
         if dist.is_initialized():  # trick 19: one all-reduce of a flat buffer: averaged steps, then update_alpha
             return {"actor_loss": loss.detach()}
-        actor_step()
+        agent.actor_optimizer.step()
         return {"actor_loss": loss.detach(), **update_alpha(obs)}
 
     def alpha_loss(obs):  # from a fresh sample of the stepped actor (FastSAC's)
@@ -272,7 +271,7 @@ def make_update_fns(agent, args):
         agent.a_optimizer.zero_grad(set_to_none=not dist.is_initialized())
         loss.backward()
         if not dist.is_initialized():
-            alpha_step()
+            agent.a_optimizer.step()
         return {"alpha_loss": loss.detach()}
 
     def update_targets():  # trick 5: one lerp for the targets, over every target parameter
@@ -284,7 +283,6 @@ def make_update_fns(agent, args):
             actions, _, _ = agent.actor.get_action(obs)
         return actions
 
-    q_step, actor_step, alpha_step = agent.q_optimizer.step, agent.actor_optimizer.step, agent.a_optimizer.step
     # trick 2: torch.compile: the losses and the policy, each its own graph that the updates call by these names; the
     # backward passes and the steps run between them, so no graph breaks at them (the code after a break is traced
     # again at every start). The steps (fused) and the targets' lerp are a kernel each: nothing to compile. --amp's
@@ -293,9 +291,9 @@ def make_update_fns(agent, args):
     if args.compile:
         critic_loss, actor_loss, alpha_loss, policy = map(torch.compile, (critic_loss, actor_loss, alpha_loss, policy))
     if dist.is_initialized():  # the updates from all ranks' gradients: the critics', the actor's, then alpha's
-        actor_update = averaged(update_actor, actor_step, agent.actor_optimizer, args)
-        alpha_update = averaged(update_alpha, alpha_step, agent.a_optimizer, args) if args.autotune else update_alpha
-        return (averaged(update_critic, q_step, agent.q_optimizer, args),
+        actor_update = averaged(update_actor, agent.actor_optimizer, args)
+        alpha_update = averaged(update_alpha, agent.a_optimizer, args) if args.autotune else update_alpha
+        return (averaged(update_critic, agent.q_optimizer, args),
                 lambda obs: {**actor_update(obs), **alpha_update(obs)}, update_targets, policy)  # fmt: skip
     return update_critic, update_actor, update_targets, policy
 

@@ -179,13 +179,13 @@ class Agent:
         return {f"{name}.{key}": value.detach() for name, part in parts.items() for key, value in part.items()}
 
 
-def averaged(backward, step, optimizer, args):  # trick 19: one all-reduce of a flat buffer, between two graphs
+def averaged(backward, optimizer, args):  # trick 19: one all-reduce of a flat buffer, between two graphs
     """Under torchrun, an update from all ranks' gradients: backward(*inputs) (an update of make_update_fns, which
     there stops before its step and returns its statistics), the all-reduce of the gradients, the optimizer's
-    `step`. The gradients are views into one flat buffer (flat_gradients) that backward fills in place. Backward
+    step. The gradients are views into one flat buffer (flat_gradients) that backward fills in place. Backward
     and step are captured as --cudagraphs says; the all-reduce runs eagerly between their graphs (inside one graph,
     as the PPO Atari twin has it, was not measured for these)."""
-    grads = flat_gradients(optimizer.param_groups[0]["params"])
+    grads, step = flat_gradients(optimizer.param_groups[0]["params"]), optimizer.step
     if args.cudagraphs:
         backward, step = (CudaGraphModule(fn, warmup=3 if args.compile else 2) for fn in (backward, step))
 
@@ -233,7 +233,7 @@ def make_update_fns(agent, args):
         agent.q_optimizer.zero_grad(set_to_none=not dist.is_initialized())  # the flat buffer's views stay
         qf_loss.backward()
         if not dist.is_initialized():  # trick 19: one all-reduce of a flat buffer, else averaged steps after it
-            q_step()
+            agent.q_optimizer.step()
         return stats
 
     def actor_loss(obs):
@@ -249,7 +249,7 @@ def make_update_fns(agent, args):
         agent.actor_optimizer.zero_grad(set_to_none=not dist.is_initialized())
         loss.backward()
         if not dist.is_initialized():
-            actor_step()
+            agent.actor_optimizer.step()
         return {"actor_loss": loss.detach()}
 
     def update_targets():  # trick 5: one lerp for the targets, over every target parameter
@@ -262,7 +262,6 @@ def make_update_fns(agent, args):
             actions = actions + torch.randn_like(actions) * noise_scales * agent.actor.action_scale
         return actions.clamp(agent.action_low, agent.action_high)
 
-    q_step, actor_step = agent.q_optimizer.step, agent.actor_optimizer.step
     # trick 2: torch.compile: the losses and the policy, each its own graph that the updates call by these names; the
     # backward passes and the steps run between them, so no graph breaks at them (the code after a break is traced
     # again at every start). The steps (fused) and the targets' lerp are a kernel each: nothing to compile. --amp's
@@ -271,8 +270,8 @@ def make_update_fns(agent, args):
     if args.compile:
         critic_loss, actor_loss, policy = map(torch.compile, (critic_loss, actor_loss, policy))
     if dist.is_initialized():  # the critics' and the actor's updates from all ranks' gradients
-        return (averaged(update_critic, q_step, agent.q_optimizer, args),
-                averaged(update_actor, actor_step, agent.actor_optimizer, args), update_targets, policy)  # fmt: skip
+        return (averaged(update_critic, agent.q_optimizer, args),
+                averaged(update_actor, agent.actor_optimizer, args), update_targets, policy)  # fmt: skip
     return update_critic, update_actor, update_targets, policy
 
 
